@@ -1,0 +1,51 @@
+# The interface everyone uses. `.ci/run` calls `make test`; README says so.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY := .venv/bin/python
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+# Tests on the real control plane run as root (network namespaces, bridge).
+PYTEST := $(PY) -m pytest
+
+.PHONY: help venv toolchain lint test test-unit test-integration test-e2e cluster cluster-down demo bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
+
+venv: ## create/reuse the virtualenv (cached in ~/.cache/torchflex) and link .venv
+	@bash scripts/venv.sh >/dev/null
+
+toolchain: ## build the pinned control-plane binaries (cached in ~/.cache/torchflex)
+	@bash e2e/toolchain/build.sh >/dev/null
+
+lint: venv ## ruff, mypy --strict, import-linter, chart/CRD drift checks
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	.venv/bin/lint-imports
+
+test-unit: venv ## pure-logic tests, no cluster, no network
+	$(PYTEST) tests/unit
+
+test-integration: venv toolchain ## real processes, real API server, real etcd
+	$(PYTEST) tests/integration
+
+test-e2e: venv toolchain ## whole scenarios on the local control plane
+	$(PYTEST) tests/e2e
+
+test: lint venv toolchain ## every tier: lint, unit, integration, e2e
+	$(PYTEST) tests
+
+cluster: venv toolchain ## start (or reuse) the local control plane; prints the env to use it
+	@$(PY) -m e2e.cluster up
+
+cluster-down: venv ## stop the local control plane and remove its state
+	@$(PY) -m e2e.cluster down
+
+demo: venv toolchain ## the main job: an elastic training demo on the local control plane
+	@$(PY) -m e2e.demo
+
+bench: venv toolchain ## every benchmark; writes benchmarks/RESULTS.md
+	@$(PY) -m benchmarks
+
+clean: ## remove local state (not the caches)
+	rm -rf .cluster .pytest_cache .mypy_cache .ruff_cache

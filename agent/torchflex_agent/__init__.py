@@ -1,0 +1,1 @@
+"""torchflex in-pod agent: rendezvous, worker launch, restarts. Never imports kopf."""

@@ -1,0 +1,49 @@
+"""Environment variables the operator injects and the agent reads.
+
+Where it sits: the operator's pod builder sets these on the ``trainer``
+container; the agent's CLI uses each as the default of the matching flag, so
+``torchflex-agent -- cmd`` in a pod needs no flags at all.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+PREFIX: Final = "TORCHFLEX_"
+
+JOB_NAME: Final = "TORCHFLEX_JOB_NAME"
+NAMESPACE: Final = "TORCHFLEX_NAMESPACE"
+POD_NAME: Final = "TORCHFLEX_POD_NAME"
+POD_IP: Final = "TORCHFLEX_POD_IP"
+REPLICA_INDEX: Final = "TORCHFLEX_REPLICA_INDEX"
+
+NNODES: Final = "TORCHFLEX_NNODES"
+"""``MIN:MAX`` or ``N``, like torchrun's ``--nnodes``."""
+NPROC_PER_NODE: Final = "TORCHFLEX_NPROC_PER_NODE"
+"""``auto`` | ``gpu`` | ``cpu`` | a positive integer."""
+RDZV_BACKEND: Final = "TORCHFLEX_RDZV_BACKEND"
+"""``c10d`` | ``etcd`` | ``memory`` (tests only)."""
+RDZV_ENDPOINT: Final = "TORCHFLEX_RDZV_ENDPOINT"
+"""``host:port``; for etcd a comma-separated list of ``[http[s]://]host:port``."""
+RDZV_ID: Final = "TORCHFLEX_RDZV_ID"
+"""Unique per job (namespace, name and uid); never torchrun's default ``none``."""
+RDZV_JOIN_TIMEOUT: Final = "TORCHFLEX_RDZV_JOIN_TIMEOUT"
+RDZV_LAST_CALL: Final = "TORCHFLEX_RDZV_LAST_CALL"
+RDZV_TLS_DIR: Final = "TORCHFLEX_RDZV_TLS_DIR"
+"""Directory holding ``ca.crt``, ``tls.crt``, ``tls.key`` for an etcd endpoint."""
+MAX_RESTARTS: Final = "TORCHFLEX_MAX_RESTARTS"
+MONITOR_INTERVAL: Final = "TORCHFLEX_MONITOR_INTERVAL"
+HEALTH_PORT: Final = "TORCHFLEX_HEALTH_PORT"
+GPU_LIMIT: Final = "TORCHFLEX_GPU_LIMIT"
+"""The container's ``nvidia.com/gpu`` limit (resourceFieldRef), when set."""
+TERMINATION_GRACE: Final = "TORCHFLEX_TERMINATION_GRACE"
+"""Seconds the agent gives workers to checkpoint after SIGTERM."""
+
+DEFAULT_HEALTH_PORT: Final = 29410
+DEFAULT_STORE_PORT: Final = 29400
+DEFAULT_JOIN_TIMEOUT_S: Final = 600.0
+DEFAULT_LAST_CALL_S: Final = 1.0
+DEFAULT_MONITOR_INTERVAL_S: Final = 0.1
+DEFAULT_ETCD_PORT: Final = 2379
+RDZV_TLS_MOUNT: Final = "/etc/torchflex/rdzv-tls"
+"""Where the operator mounts ``rendezvous.tlsSecretName`` (value of ``RDZV_TLS_DIR``)."""

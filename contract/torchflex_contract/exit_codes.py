@@ -1,0 +1,58 @@
+"""Exit codes of ``torchflex-agent``: the contract the operator reads back.
+
+Where it sits: the agent exits with one of these; the operator classifies a
+terminated worker pod by it (see ``torchflex_operator.failures``). Codes 128+N
+are what the kernel reports for a process killed by signal N; they are not
+chosen by the agent but the operator must understand them too.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """What an agent's exit means for the job."""
+
+    SUCCESS = 0
+    """The worker group finished; the job may complete."""
+
+    USER_ERROR = 1
+    """Workers failed more than ``maxRestarts`` times: permanent, counted."""
+
+    USAGE = 2
+    """Bad flags or configuration: permanent, counted, never retried blindly."""
+
+    INFRA_ERROR = 69
+    """Rendezvous backend unreachable or similar: retryable, counted."""
+
+    PREEMPTED = 75
+    """SIGTERM received, workers checkpointed, left the rendezvous: retryable, not counted."""
+
+    RENDEZVOUS_CLOSED = 76
+    """The job's rendezvous was closed (job finishing): not a failure."""
+
+
+SIGNAL_BASE = 128
+SIGKILL_EXIT = SIGNAL_BASE + 9
+SIGTERM_EXIT = SIGNAL_BASE + 15
+
+
+class Disposition(enum.Enum):
+    """How the operator treats a pod that ended with a given code."""
+
+    SUCCEEDED = "Succeeded"
+    PERMANENT = "Permanent"  # counted against backoffLimit
+    RETRYABLE_COUNTED = "RetryableCounted"  # replaced, counted
+    RETRYABLE_FREE = "RetryableFree"  # replaced, not counted
+
+
+def disposition(code: int) -> Disposition:
+    """Classify an exit code alone (the operator also weighs pod conditions)."""
+    if code == ExitCode.SUCCESS:
+        return Disposition.SUCCEEDED
+    if code in (ExitCode.PREEMPTED, ExitCode.RENDEZVOUS_CLOSED, SIGTERM_EXIT):
+        return Disposition.RETRYABLE_FREE
+    if code == ExitCode.INFRA_ERROR:
+        return Disposition.RETRYABLE_COUNTED
+    return Disposition.PERMANENT

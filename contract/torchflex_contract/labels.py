@@ -1,0 +1,82 @@
+"""API group, kind, label and annotation keys, and resource names.
+
+Where it sits: used by the operator to build and select objects, by the e2e
+harness and tests to find them, and by nothing in the hot path of the agent.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+GROUP: Final = "torchflex.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "ElasticJob"
+PLURAL: Final = "elasticjobs"
+SHORT_NAME: Final = "ej"
+CATEGORY: Final = "torchflex"
+
+TRAINER_CONTAINER: Final = "trainer"
+
+
+class Label(enum.StrEnum):
+    """Labels the operator puts on every object it owns."""
+
+    JOB_NAME = "torchflex.io/job-name"
+    ROLE = "torchflex.io/role"
+    REPLICA_INDEX = "torchflex.io/replica-index"
+    MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
+MANAGED_BY_VALUE: Final = "torchflex-operator"
+
+
+class Role(enum.StrEnum):
+    """What an owned pod is for."""
+
+    WORKER = "worker"
+    STORE = "store"
+    ETCD = "etcd"
+
+
+class Annotation(enum.StrEnum):
+    """Annotations the operator reads or writes."""
+
+    SPEC_HASH = "torchflex.io/spec-hash"
+    """Hash of the pod spec a pod was built from (rolling changes)."""
+    REPLACES = "torchflex.io/replaces"
+    """UID of the pod this one replaced, for events and counting."""
+    FAILURE_COUNTED = "torchflex.io/failure-counted"
+
+
+def worker_pod_name(job: str, index: int) -> str:
+    """Deterministic worker pod name: a 409 on create means it exists."""
+    return f"{job}-worker-{index}"
+
+
+def store_pod_name(job: str) -> str:
+    return f"{job}-store"
+
+
+def workers_service_name(job: str) -> str:
+    """Headless Service giving each worker ``<pod>.<service>`` DNS."""
+    return f"{job}-workers"
+
+
+def store_service_name(job: str) -> str:
+    return f"{job}-store"
+
+
+def etcd_pod_name(job: str) -> str:
+    """Operator-managed single-member etcd (``rendezvous.managedEtcd``)."""
+    return f"{job}-etcd"
+
+
+def etcd_service_name(job: str) -> str:
+    return f"{job}-etcd"
+
+
+def worker_selector(job: str) -> str:
+    """Label selector of a job's worker pods (``status.selector``, scale subresource)."""
+    return f"{Label.JOB_NAME}={job},{Label.ROLE}={Role.WORKER}"

@@ -1,0 +1,195 @@
+"""Command lines of the control-plane daemons and the waits for each.
+
+Where it sits: ``lifecycle.ensure_up`` starts, in order, etcd, the API
+server, controller-manager, scheduler, the kwok controller (fake nodes
+only) and the process kubelet, each through ``processes.spawn``. Ports are
+chosen free on loopback at creation and kept in ``cluster.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from e2e.cluster.layout import (
+    GATEWAY_IP,
+    KWOK_NODE_ANNOTATION,
+    KWOK_NODE_IP,
+    KWOK_POD_CIDR,
+    REPO_ROOT,
+    SERVICE_CIDR,
+    Layout,
+)
+
+
+class ClusterStartError(RuntimeError):
+    """A daemon did not become healthy in time; the message has its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    @classmethod
+    def choose(cls) -> Ports:
+        return cls(*(free_port() for _ in range(6)))
+
+    @classmethod
+    def load(cls, info: Path) -> Ports:
+        return cls(**json.loads(info.read_text())["ports"])
+
+
+def etcd_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
+    client = f"http://127.0.0.1:{p.etcd_client}"
+    peer = f"http://127.0.0.1:{p.etcd_peer}"
+    return [
+        str(bin_dir / "etcd"),
+        "--name=e2e",
+        f"--data-dir={lay.etcd_data}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=e2e={peer}",
+        "--listen-metrics-urls=",
+        # Test data only: fsync costs seconds per write burst on a shared disk.
+        "--unsafe-no-fsync",
+        "--quota-backend-bytes=4294967296",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
+    pki = lay.pki
+    return [
+        str(bin_dir / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
+        # Listening on all addresses lets pods on the bridge reach it at the
+        # gateway address; clients on the host use 127.0.0.1.
+        "--bind-address=0.0.0.0",
+        f"--advertise-address={GATEWAY_IP}",
+        f"--secure-port={p.apiserver}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        "--allow-privileged=true",
+        "--profiling=false",
+        "--endpoint-reconciler-type=none",
+        "--v=1",
+    ]
+
+
+def controller_manager_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
+    kc = lay.root / "controller-manager.kubeconfig"
+    pki = lay.pki
+    return [
+        str(bin_dir / "kube-controller-manager"),
+        f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={p.controller_manager}",
+        "--leader-elect=false",
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+        f"--cluster-signing-key-file={pki / 'ca.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allocate-node-cidrs=false",
+        "--controllers=*,-nodeipam,-service,-route,-cloud-node-lifecycle",
+        # Tests delete nodes and expect pods to be replaced without a long wait.
+        "--terminated-pod-gc-threshold=1000",
+        "--node-monitor-grace-period=20s",
+        "--v=1",
+    ]
+
+
+def scheduler_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
+    kc = lay.root / "scheduler.kubeconfig"
+    return [
+        str(bin_dir / "kube-scheduler"),
+        f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}",
+        f"--authorization-kubeconfig={kc}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={p.scheduler}",
+        "--leader-elect=false",
+        "--v=1",
+    ]
+
+
+def kwok_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
+    return [
+        str(bin_dir / "kwok"),
+        f"--kubeconfig={lay.root / 'admin.kubeconfig'}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+        f"--cidr={KWOK_POD_CIDR}",
+        f"--node-ip={KWOK_NODE_IP}",
+        "--server-address=127.0.0.1:" + str(p.kwok),
+    ]
+
+
+def kubelet_argv(lay: Layout, nodes: list[str]) -> list[str]:
+    argv = [sys.executable, "-m", "e2e.kubelet", f"--state-dir={lay.root}"]
+    return argv + [f"--node={n}" for n in nodes]
+
+
+def kubelet_env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (
+        ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
+    return env
+
+
+def _ssl_context(pki: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return ctx
+
+
+def wait_http(url: str, timeout_s: float, what: str, log_tail: str, pki: Path | None) -> None:
+    """Poll a health URL (bounded) until it answers 200."""
+    ctx = _ssl_context(pki) if pki is not None else None
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as exc:
+            last = str(exc)
+        time.sleep(0.2)
+    raise ClusterStartError(f"{what} not healthy after {timeout_s:.0f}s ({last})\n{log_tail}")

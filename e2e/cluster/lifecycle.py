@@ -1,0 +1,168 @@
+"""Bring the local control plane up (or reuse it) and tear it down.
+
+Where it sits: the single entry for ``make cluster``, ``make cluster-down``,
+the pytest session fixture, the demo and the benchmarks. ``ensure_up`` is
+idempotent: when every daemon recorded in the state directory still runs and
+the API server is ready, it returns the existing cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import ssl
+import time
+import urllib.request
+from pathlib import Path
+
+from e2e.cluster import network, pki, processes
+from e2e.cluster.controlplane import (
+    ClusterStartError,
+    Ports,
+    apiserver_argv,
+    controller_manager_argv,
+    etcd_argv,
+    kubelet_argv,
+    kubelet_env,
+    kwok_argv,
+    scheduler_argv,
+    wait_http,
+)
+from e2e.cluster.handle import Cluster
+from e2e.cluster.layout import REPO_ROOT, Layout, state_dir, toolchain_bin_dir
+
+DAEMONS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubelet"]
+DEFAULT_NODES = ["tf-node-0"]
+START_TIMEOUT_S = 90.0
+
+
+def _insecure() -> ssl.SSLContext:
+    # Controller-manager and scheduler serve self-signed health endpoints.
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _wait_insecure(url: str, what: str, lay: Layout, name: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=_insecure()) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if not processes.alive(lay.pids, name):
+            break
+        time.sleep(0.2)
+    raise ClusterStartError(f"{what} not healthy\n{processes.exit_status_hint(lay.logs, name)}")
+
+
+def _running(lay: Layout) -> Cluster | None:
+    if not lay.info.exists() or not all(processes.alive(lay.pids, d) for d in DAEMONS):
+        return None
+    cluster = Cluster.load(lay)
+    return cluster if cluster.ready() else None
+
+
+def _link_tools(lay: Layout, bin_dir: Path) -> None:
+    venv_bin = REPO_ROOT / ".venv" / "bin"
+    tools = {
+        "kubectl": venv_bin / "kubectl",
+        "helm": bin_dir / "helm",
+        "kwokctl": bin_dir / "kwokctl",
+    }
+    for name, target in tools.items():
+        link = lay.bin / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        if target.exists():
+            link.symlink_to(target)
+
+
+def _write_kubeconfigs(lay: Layout, server: str) -> None:
+    for ident in ("admin", "controller-manager", "scheduler", "kubelet"):
+        (lay.root / f"{ident}.kubeconfig").write_text(pki.kubeconfig_yaml(server, lay.pki, ident))
+    shutil.copyfile(lay.root / "admin.kubeconfig", lay.kubeconfig)
+
+
+def ensure_up(root: Path | None = None, nodes: list[str] | None = None) -> Cluster:
+    """Start every missing piece, or reuse a healthy running cluster."""
+    lay = Layout(root or state_dir())
+    lay.ensure()
+    existing = _running(lay)
+    if existing is not None:
+        return existing
+    tear_down(lay.root, remove_state=False)
+    lay.ensure()
+    bin_dir = toolchain_bin_dir()
+    nodes = nodes or DEFAULT_NODES
+    network.ensure_bridge()
+    pki.ensure_pki(lay.pki)
+    ports = Ports.choose()
+    server = f"https://127.0.0.1:{ports.apiserver}"
+    _write_kubeconfigs(lay, server)
+    lay.info.write_text(
+        json.dumps({"ports": ports.__dict__, "nodes": nodes, "bin_dir": str(bin_dir)}, indent=1)
+    )
+
+    processes.spawn("etcd", etcd_argv(bin_dir, lay, ports), lay.pids, lay.logs)
+    wait_http(
+        f"http://127.0.0.1:{ports.etcd_client}/health",
+        START_TIMEOUT_S,
+        "etcd",
+        processes.exit_status_hint(lay.logs, "etcd"),
+        None,
+    )
+    processes.spawn("kube-apiserver", apiserver_argv(bin_dir, lay, ports), lay.pids, lay.logs)
+    try:
+        wait_http(f"{server}/readyz", START_TIMEOUT_S, "kube-apiserver", "", lay.pki)
+    except ClusterStartError as exc:
+        raise ClusterStartError(
+            f"{exc}\n{processes.exit_status_hint(lay.logs, 'kube-apiserver')}"
+        ) from None
+    processes.spawn(
+        "kube-controller-manager",
+        controller_manager_argv(bin_dir, lay, ports),
+        lay.pids,
+        lay.logs,
+    )
+    processes.spawn("kube-scheduler", scheduler_argv(bin_dir, lay, ports), lay.pids, lay.logs)
+    processes.spawn("kwok", kwok_argv(bin_dir, lay, ports), lay.pids, lay.logs)
+    processes.spawn("kubelet", kubelet_argv(lay, nodes), lay.pids, lay.logs, env=kubelet_env())
+    _wait_insecure(
+        f"https://127.0.0.1:{ports.controller_manager}/healthz",
+        "kube-controller-manager",
+        lay,
+        "kube-controller-manager",
+    )
+    _wait_insecure(
+        f"https://127.0.0.1:{ports.scheduler}/healthz", "kube-scheduler", lay, "kube-scheduler"
+    )
+    _link_tools(lay, bin_dir)
+    cluster = Cluster.load(lay)
+    cluster.wait_nodes_ready(nodes, START_TIMEOUT_S)
+    return cluster
+
+
+def tear_down(root: Path | None = None, remove_state: bool = True) -> None:
+    """Stop our daemons by PID, remove pod namespaces, the bridge and state."""
+    lay = Layout(root or state_dir())
+    if lay.pids.exists():
+        # The kubelet first: it stops the pods' processes it started.
+        processes.stop_all(lay.pids, ["kubelet", *reversed(DAEMONS[:-1])])
+    for ns in network.list_pod_netns():
+        network.delete_netns(ns)
+    network.delete_bridge()
+    if remove_state and lay.root.exists():
+        shutil.rmtree(lay.root, ignore_errors=True)
+    elif lay.etcd_data.exists():
+        shutil.rmtree(lay.etcd_data, ignore_errors=True)
+        shutil.rmtree(lay.pods, ignore_errors=True)
+
+
+def shell_exports(cluster: Cluster) -> str:
+    path = os.pathsep.join([str(cluster.layout.bin), "$PATH"])
+    return f"export KUBECONFIG={cluster.kubeconfig}\nexport PATH={path}\n"

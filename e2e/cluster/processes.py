@@ -1,0 +1,86 @@
+"""Starting and stopping the cluster's daemons by PID, never by name.
+
+Where it sits: ``controlplane`` starts each daemon through :func:`spawn`,
+which records its PID and command line under ``.cluster/pids``;
+:func:`stop_all` signals exactly those PIDs (after checking the PID still
+runs the same command, so a reused PID is never touched).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [p.decode(errors="replace") for p in raw.split(b"\0") if p]
+
+
+def spawn(
+    name: str,
+    argv: list[str],
+    pids: Path,
+    logs: Path,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Start a daemon in its own session, output to ``logs/<name>.log``."""
+    log = (logs / f"{name}.log").open("ab")
+    proc = subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+    log.close()
+    (pids / f"{name}.json").write_text(json.dumps({"pid": proc.pid, "argv": argv}))
+    return proc.pid
+
+
+def alive(pids: Path, name: str) -> bool:
+    record = pids / f"{name}.json"
+    if not record.exists():
+        return False
+    data = json.loads(record.read_text())
+    return _cmdline(int(data["pid"])) == data["argv"]
+
+
+def exit_status_hint(logs: Path, name: str, lines: int = 15) -> str:
+    """The tail of a daemon's log, for error messages."""
+    path = logs / f"{name}.log"
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def stop(pids: Path, name: str, grace_s: float = 10.0) -> None:
+    record = pids / f"{name}.json"
+    if not record.exists():
+        return
+    data = json.loads(record.read_text())
+    pid, argv = int(data["pid"]), data["argv"]
+    if _cmdline(pid) == argv:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _cmdline(pid) == argv:
+            time.sleep(0.05)
+        if _cmdline(pid) == argv:
+            os.kill(pid, signal.SIGKILL)
+    record.unlink()
+
+
+def stop_all(pids: Path, order: list[str]) -> None:
+    """Stop the named daemons in order, then any other recorded one."""
+    for name in order:
+        stop(pids, name)
+    for record in sorted(pids.glob("*.json")):
+        stop(pids, record.stem)

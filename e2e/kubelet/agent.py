@@ -1,0 +1,446 @@
+"""The process kubelet's loop: watch pods, run the ones bound to our nodes.
+
+Where it sits: ``python -m e2e.kubelet`` builds a :class:`Kubelet` and calls
+:meth:`Kubelet.run`. Watches feed one event queue; a single thread owns all
+pod runtimes, so there is no locking around them. Node registration and
+heartbeats (Lease + Ready condition) run in their own thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+
+from e2e.cluster import network
+from e2e.cluster.layout import GATEWAY_IP, PROCESS_NODE_LABEL
+from e2e.kubelet import podspec, sandbox, status, volumes
+from e2e.kubelet.nodes import NodeHeartbeat
+
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
+API_DOWN_EXIT_S = 120.0
+
+
+@dataclasses.dataclass
+class PodRuntime:
+    uid: str
+    ns: str
+    name: str
+    node: str
+    host_ip: str
+    ip_index: int
+    netns: str
+    pod_dir: Path
+    start_time: str
+    records: dict[str, status.ContainerRecord]
+    procs: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
+    generation: dict[str, int] = dataclasses.field(default_factory=dict)
+    restart_at: dict[str, float] = dataclasses.field(default_factory=dict)
+    kill_at: float | None = None
+    terminating: bool = False
+    torn_down: bool = False
+
+    @property
+    def ip(self) -> str:
+        return network.pod_ip_for(self.ip_index)
+
+
+class Kubelet(volumes.Fetcher):
+    def __init__(
+        self, api: client.ApiClient, nodes: list[str], state_dir: Path, api_port: int
+    ) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.nodes = {n: f"127.10.0.{i + 1}" for i, n in enumerate(nodes)}
+        self.state_dir = state_dir
+        self.api_port = api_port
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.services: dict[str, dict[str, Any]] = {}
+        self.runtimes: dict[str, PodRuntime] = {}
+        self.used_ips: set[int] = set()
+        self.stop = threading.Event()
+        self.dns_dirty = False
+        self.last_api_ok = time.monotonic()
+
+    # --- volumes.Fetcher -------------------------------------------------
+    def config_map(self, ns: str, name: str) -> dict[str, str]:
+        cm = self.core.read_namespaced_config_map(name, ns)
+        return dict(cm.data or {})
+
+    def secret(self, ns: str, name: str) -> dict[str, str]:
+        sec = self.core.read_namespaced_secret(name, ns)
+        return volumes.decode_secret(sec.data or {})
+
+    def token(
+        self, ns: str, sa: str, pod: Mapping[str, Any], audience: str | None, seconds: int
+    ) -> str:
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": [audience] if audience else [],
+                "expirationSeconds": seconds,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod["metadata"]["name"],
+                    "uid": pod["metadata"]["uid"],
+                },
+            },
+        }
+        resp = self.core.create_namespaced_service_account_token(sa, ns, body)
+        return str(resp.status.token)
+
+    # --- watches ---------------------------------------------------------
+    def _watch(self, kind: str, lister: Any) -> None:
+        while not self.stop.is_set():
+            try:
+                raw = lister(_preload_content=False)
+                data = json.loads(raw.data)
+                self.events.put((f"{kind}-list", data["items"]))
+                rv = data["metadata"]["resourceVersion"]
+                self.last_api_ok = time.monotonic()
+                w = watch.Watch()
+                for ev in w.stream(lister, resource_version=rv, timeout_seconds=30):
+                    self.last_api_ok = time.monotonic()
+                    self.events.put((kind, (ev["type"], ev["raw_object"])))
+                    if self.stop.is_set():
+                        w.stop()
+            except Exception:  # noqa: BLE001 - any watch failure means re-list
+                time.sleep(0.5)
+
+    # --- main loop -------------------------------------------------------
+    def run(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        heartbeat = NodeHeartbeat(self.api, self.nodes, self.stop, PROCESS_NODE_LABEL)
+        heartbeat.register()
+        threading.Thread(target=heartbeat.loop, daemon=True).start()
+        threading.Thread(
+            target=self._watch, args=("pod", self.core.list_pod_for_all_namespaces), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._watch,
+            args=("svc", self.core.list_service_for_all_namespaces),
+            daemon=True,
+        ).start()
+        try:
+            while not self.stop.is_set():
+                with contextlib.suppress(queue.Empty):
+                    self._handle(*self.events.get(timeout=0.2))
+                    while not self.events.empty():
+                        self._handle(*self.events.get_nowait())
+                self._tick()
+                if time.monotonic() - self.last_api_ok > API_DOWN_EXIT_S:
+                    break
+        finally:
+            self._shutdown()
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "pod-list":
+            seen = {p["metadata"]["uid"]: p for p in payload}
+            gone = set(self.pods) - set(seen)
+            self.pods = seen
+            for uid in list(gone) + list(seen):
+                self._sync(uid)
+            self.dns_dirty = True
+        elif kind == "pod":
+            ev_type, obj = payload
+            uid = obj["metadata"]["uid"]
+            if ev_type == "DELETED":
+                self.pods.pop(uid, None)
+            else:
+                self.pods[uid] = obj
+            self._sync(uid)
+            self.dns_dirty = True
+        elif kind == "svc-list":
+            self.services = {f"{s['metadata']['namespace']}/{s['metadata']['name']}": s for s in payload}
+            self.dns_dirty = True
+        elif kind == "svc":
+            ev_type, obj = payload
+            key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+            if ev_type == "DELETED":
+                self.services.pop(key, None)
+            else:
+                self.services[key] = obj
+            self.dns_dirty = True
+        elif kind == "exit":
+            uid, name, gen, code = payload
+            rt = self.runtimes.get(uid)
+            if rt is not None and rt.generation.get(name) == gen:
+                self._container_exited(rt, name, code)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for rt in list(self.runtimes.values()):
+            if rt.kill_at is not None and now >= rt.kill_at:
+                for proc in rt.procs.values():
+                    _kill_group(proc)
+                rt.kill_at = None
+            for name, at in list(rt.restart_at.items()):
+                if now >= at and not rt.terminating:
+                    del rt.restart_at[name]
+                    self._start_container(rt, self.pods.get(rt.uid), name)
+        if self.dns_dirty:
+            self.dns_dirty = False
+            self._write_hosts()
+
+    # --- pod lifecycle ---------------------------------------------------
+    def _sync(self, uid: str) -> None:
+        pod = self.pods.get(uid)
+        rt = self.runtimes.get(uid)
+        if pod is None:
+            if rt is not None:
+                # Force-deleted: the object is gone, stop everything now.
+                for proc in rt.procs.values():
+                    _kill_group(proc)
+                self._teardown(rt)
+                del self.runtimes[uid]
+            return
+        node = pod.get("spec", {}).get("nodeName")
+        if node not in self.nodes:
+            return
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            self._terminate(pod, rt)
+            return
+        if rt is None and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
+            self._create(pod, node)
+
+    def _create(self, pod: dict[str, Any], node: str) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        index = next(i for i in range(2, 65000) if i not in self.used_ips)
+        self.used_ips.add(index)
+        containers = pod["spec"].get("containers", [])
+        rt = PodRuntime(
+            uid=uid,
+            ns=meta.get("namespace", "default"),
+            name=meta["name"],
+            node=node,
+            host_ip=self.nodes[node],
+            ip_index=index,
+            netns=network.netns_name(uid),
+            pod_dir=self.state_dir / "pods" / f"{meta.get('namespace')}_{meta['name']}_{uid}",
+            start_time=status.now_rfc3339(),
+            records={c["name"]: status.ContainerRecord(c["name"], c.get("image", "")) for c in containers},
+        )
+        self.runtimes[uid] = rt
+        rt.pod_dir.mkdir(parents=True, exist_ok=True)
+        network.create_pod_netns(uid, rt.ip)
+        self._write_hosts()
+        for c in containers:
+            self._start_container(rt, pod, c["name"])
+
+    def _start_container(self, rt: PodRuntime, pod: dict[str, Any] | None, name: str) -> None:
+        if pod is None:
+            return
+        container = next(c for c in pod["spec"]["containers"] if c["name"] == name)
+        rec = rt.records[name]
+        try:
+            env = podspec.container_env(
+                pod,
+                container,
+                node=rt.node,
+                host_ip=rt.host_ip,
+                pod_ip=rt.ip,
+                api_host=GATEWAY_IP,
+                api_port=self.api_port,
+                config_maps=_EnvLookup(self.config_map, rt.ns),
+                secrets=_EnvLookup(self.secret, rt.ns),
+            )
+            argv = podspec.container_argv(container, env)
+            mounts = volumes.prepare(pod, container, rt.pod_dir, self)
+        except (podspec.UnsupportedSpec, client.ApiException) as exc:
+            rec.waiting_reason = "CreateContainerConfigError"
+            rec.waiting_message = str(exc)[:500]
+            rec.exit_code, rec.message = 128, str(exc)[:500]
+            rec.started_at = rec.finished_at = status.now_rfc3339()
+            self._patch_status(rt)
+            return
+        term_log = rt.pod_dir / f"{name}.termination-log"
+        term_log.write_text("")
+        hosts = rt.pod_dir / "hosts"
+        resolv = rt.pod_dir / "resolv.conf"
+        mounts = [
+            podspec.Mount(hosts, "/etc/hosts"),
+            podspec.Mount(resolv, "/etc/resolv.conf"),
+            podspec.Mount(term_log, container.get("terminationMessagePath", sandbox.TERMINATION_LOG)),
+            *mounts,
+        ]
+        proc = sandbox.start(
+            netns=rt.netns,
+            hostname=podspec.pod_hostname(pod),
+            argv=argv,
+            env=env,
+            workdir=podspec.working_dir(container),
+            mounts=mounts,
+            log_path=rt.pod_dir / f"{name}.log",
+        )
+        gen = rt.generation.get(name, 0) + 1
+        rt.generation[name] = gen
+        rt.procs[name] = proc
+        if rec.exit_code is not None:
+            rec.last_terminated = rec.terminated_state()
+            rec.restart_count += 1
+        rec.exit_code = rec.signal = None
+        rec.message = ""
+        rec.finished_at = None
+        rec.started_at = status.now_rfc3339()
+        threading.Thread(target=self._wait, args=(rt.uid, name, gen, proc), daemon=True).start()
+        self._patch_status(rt)
+
+    def _wait(self, uid: str, name: str, gen: int, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        self.events.put(("exit", (uid, name, gen, code)))
+
+    def _container_exited(self, rt: PodRuntime, name: str, code: int) -> None:
+        rec = rt.records[name]
+        rt.procs.pop(name, None)
+        if code < 0:
+            rec.signal, rec.exit_code = -code, 128 - code
+        else:
+            rec.exit_code = code
+        rec.finished_at = status.now_rfc3339()
+        term_log = rt.pod_dir / f"{name}.termination-log"
+        if term_log.exists():
+            rec.message = term_log.read_text(errors="replace")[:4096]
+        pod = self.pods.get(rt.uid)
+        policy = (pod or {}).get("spec", {}).get("restartPolicy", "Always")
+        restart = not rt.terminating and (policy == "Always" or (policy == "OnFailure" and code != 0))
+        if restart:
+            delay = RESTART_BACKOFF_S[min(rec.restart_count, len(RESTART_BACKOFF_S) - 1)]
+            rt.restart_at[name] = time.monotonic() + delay
+        self._patch_status(rt)
+        if not rt.procs and not rt.restart_at:
+            self._teardown(rt)
+            if rt.terminating:
+                self._finalize_delete(rt)
+
+    def _terminate(self, pod: dict[str, Any], rt: PodRuntime | None) -> None:
+        if rt is None:
+            self._finalize_delete_obj(pod)
+            return
+        if rt.terminating:
+            return
+        rt.terminating = True
+        rt.restart_at.clear()
+        grace = pod["metadata"].get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        if not rt.procs:
+            self._teardown(rt)
+            self._finalize_delete(rt)
+            return
+        for proc in rt.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+        rt.kill_at = time.monotonic() + float(grace)
+
+    def _finalize_delete(self, rt: PodRuntime) -> None:
+        self.runtimes.pop(rt.uid, None)
+        pod = self.pods.get(rt.uid)
+        if pod is not None:
+            self._finalize_delete_obj(pod)
+
+    def _finalize_delete_obj(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        with contextlib.suppress(client.ApiException):
+            self.core.delete_namespaced_pod(
+                meta["name"],
+                meta["namespace"],
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])
+                ),
+            )
+
+    def _teardown(self, rt: PodRuntime) -> None:
+        if rt.torn_down:
+            return
+        rt.torn_down = True
+        network.delete_pod_netns(rt.uid)
+        self.used_ips.discard(rt.ip_index)
+        self.dns_dirty = True
+
+    def _patch_status(self, rt: PodRuntime) -> None:
+        pod = self.pods.get(rt.uid)
+        if pod is None:
+            return
+        previous = {c["type"]: c for c in pod.get("status", {}).get("conditions", [])}
+        doc = status.pod_status(
+            list(rt.records.values()),
+            pod["spec"].get("restartPolicy", "Always"),
+            host_ip=rt.host_ip,
+            pod_ip=rt.ip,
+            start_time=rt.start_time,
+            previous_conditions=previous,
+        )
+        with contextlib.suppress(client.ApiException):
+            self.core.patch_namespaced_pod_status(rt.name, rt.ns, {"status": doc})
+
+    # --- names -----------------------------------------------------------
+    def _write_hosts(self) -> None:
+        pods = list(self.pods.values())
+        services = [s for s in self.services.values() if s.get("spec", {}).get("selector")]
+        for rt in self.runtimes.values():
+            pod = self.pods.get(rt.uid)
+            if pod is None or rt.torn_down:
+                continue
+            text = podspec.hosts_file(pod, rt.ip, pods, services)
+            path = rt.pod_dir / "hosts"
+            # Rewritten in place: the file is bind-mounted, a rename would
+            # leave the running pod looking at the old inode.
+            if not path.exists() or path.read_text() != text:
+                with path.open("a+") as fh:
+                    fh.seek(0)
+                    fh.truncate()
+                    fh.write(text)
+            resolv = rt.pod_dir / "resolv.conf"
+            if not resolv.exists():
+                # Unknown names fail fast on the pod's own loopback.
+                resolv.write_text(f"nameserver 127.0.0.1\nsearch {rt.ns}.svc.cluster.local\n")
+
+    def _shutdown(self) -> None:
+        for rt in self.runtimes.values():
+            for proc in rt.procs.values():
+                _kill_group(proc)
+            network.delete_pod_netns(rt.uid)
+
+
+class _EnvLookup(Mapping[str, Mapping[str, str]]):
+    """Lazily read config maps / secrets referenced from env (missing → empty)."""
+
+    def __init__(self, read: Any, ns: str) -> None:
+        self._read, self._ns = read, ns
+
+    def __getitem__(self, name: str) -> Mapping[str, str]:
+        try:
+            return dict(self._read(self._ns, name))
+        except client.ApiException:
+            return {}
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[name]
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)

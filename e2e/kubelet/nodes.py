@@ -1,0 +1,127 @@
+"""Node registration and heartbeats for the process kubelet's nodes.
+
+Where it sits: ``agent.Kubelet.run`` registers every node once and runs
+:meth:`NodeHeartbeat.loop` in a thread: the node Lease is renewed and the
+Ready condition refreshed often enough that the node-lifecycle controller
+never marks a live node NotReady. Nodes carry no kwok annotation, so kwok
+leaves them alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+from typing import Any
+
+from kubernetes import client
+
+from e2e.toolchain.versions import KUBERNETES_VERSION
+
+LEASE_NS = "kube-node-lease"
+LEASE_SECONDS = 40
+RENEW_EVERY_S = 5.0
+CAPACITY = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+
+
+def _micro_now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class NodeHeartbeat:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        nodes: dict[str, str],
+        stop: threading.Event,
+        label: str,
+    ) -> None:
+        self.core = client.CoreV1Api(api)
+        self.coord = client.CoordinationV1Api(api)
+        self.nodes, self.stop, self.label = nodes, stop, label
+
+    def node_status(self, ip: str, name: str) -> dict[str, Any]:
+        now = _now()
+
+        def cond(kind: str, status: str, reason: str) -> dict[str, Any]:
+            return {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": "process kubelet",
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+
+        return {
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+            "capacity": CAPACITY,
+            "allocatable": CAPACITY,
+            "conditions": [
+                cond("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+                cond("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+                cond("PIDPressure", "False", "KubeletHasSufficientPID"),
+                cond("Ready", "True", "KubeletReady"),
+            ],
+            "nodeInfo": {
+                "kubeletVersion": KUBERNETES_VERSION,
+                "kubeProxyVersion": "",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "containerRuntimeVersion": "process://torchflex-e2e",
+                "osImage": "torchflex process kubelet",
+                "kernelVersion": "",
+                "machineID": name,
+                "systemUUID": name,
+                "bootID": name,
+            },
+        }
+
+    def register(self) -> None:
+        for name, ip in self.nodes.items():
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": {
+                        "kubernetes.io/hostname": name,
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/arch": "amd64",
+                        self.label: "process",
+                    },
+                },
+            }
+            with contextlib.suppress(client.ApiException):
+                self.core.create_node(body)
+            self.beat(name, ip)
+
+    def beat(self, name: str, ip: str) -> None:
+        # Existing conditions keep their transition time (strategic merge by type).
+        self.core.patch_node_status(name, {"status": self.node_status(ip, name)})
+        lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": LEASE_NS},
+            "spec": {
+                "holderIdentity": name,
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "renewTime": _micro_now(),
+            },
+        }
+        try:
+            self.coord.replace_namespaced_lease(name, LEASE_NS, lease)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.coord.create_namespaced_lease(LEASE_NS, lease)
+
+    def loop(self) -> None:
+        while not self.stop.wait(RENEW_EVERY_S):
+            for name, ip in self.nodes.items():
+                with contextlib.suppress(Exception):
+                    self.beat(name, ip)

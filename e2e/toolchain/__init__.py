@@ -1,0 +1,1 @@
+"""Pinned versions of the control-plane tools (see versions.env)."""

@@ -1,0 +1,1 @@
+"""torchflex operator: reconciles ElasticJob objects (kopf). Never imports torch."""
