@@ -21,7 +21,7 @@ if [[ ! -x "$venv/.ready" ]]; then
   "$venv/bin/pip" install -q -c constraints.txt -e ".[operator,agent,dev]"
   printf '#!/bin/sh\nexit 0\n' > "$venv/.ready" && chmod +x "$venv/.ready"
 else
-  "$venv/bin/pip" install -q --no-deps --no-build-isolation -e . >/dev/null
+  "$venv/bin/pip" install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 fi
 ln -sfn "$venv" .venv
 echo "$venv"

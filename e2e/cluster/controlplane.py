@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import socket
 import ssl
 import sys
@@ -27,6 +28,7 @@ from e2e.cluster.layout import (
     SERVICE_CIDR,
     Layout,
 )
+from e2e.toolchain.versions import KWOK_VERSION
 
 
 class ClusterStartError(RuntimeError):
@@ -124,7 +126,7 @@ def controller_manager_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
         f"--cluster-signing-key-file={pki / 'ca.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allocate-node-cidrs=false",
-        "--controllers=*,-nodeipam,-service,-route,-cloud-node-lifecycle",
+        "--controllers=*,-node-ipam-controller",
         # Tests delete nodes and expect pods to be replaced without a long wait.
         "--terminated-pod-gc-threshold=1000",
         "--node-monitor-grace-period=20s",
@@ -146,6 +148,21 @@ def scheduler_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
     ]
 
 
+def kwok_stage_files() -> list[Path]:
+    """kwok's own stage definitions, read from the pinned module in the Go cache."""
+    cache = Path(os.environ.get("GOMODCACHE", Path.home() / ".cache" / "torchflex" / "gomod"))
+    stages = cache / "sigs.k8s.io" / f"kwok@{KWOK_VERSION}" / "kustomize" / "stage"
+    files = [
+        stages / "node" / "fast" / "node-initialize.yaml",
+        stages / "node" / "heartbeat-with-lease" / "node-heartbeat-with-lease.yaml",
+        *sorted((stages / "pod" / "fast").glob("pod-*.yaml")),
+    ]
+    missing = [f for f in files if not f.exists()]
+    if missing:
+        raise ClusterStartError(f"kwok stage files missing (run make toolchain): {missing}")
+    return files
+
+
 def kwok_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
     return [
         str(bin_dir / "kwok"),
@@ -155,6 +172,8 @@ def kwok_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
         f"--cidr={KWOK_POD_CIDR}",
         f"--node-ip={KWOK_NODE_IP}",
         "--server-address=127.0.0.1:" + str(p.kwok),
+        "--node-lease-duration-seconds=40",
+        *(f"--config={f}" for f in kwok_stage_files()),
     ]
 
 
@@ -164,12 +183,8 @@ def kubelet_argv(lay: Layout, nodes: list[str]) -> list[str]:
 
 
 def kubelet_env() -> dict[str, str]:
-    import os
-
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO_ROOT) + (
-        ":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
-    )
+    env["PYTHONPATH"] = str(REPO_ROOT) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 

@@ -67,7 +67,7 @@ class Cluster:
     def kubectl(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
+        out = subprocess.run(  # noqa: PLW1510 - the caller decides via check
             ["kubectl", *args],
             input=input,
             capture_output=True,
@@ -84,7 +84,7 @@ class Cluster:
         return data
 
     def api_client(self) -> Any:
-        from kubernetes import client, config
+        from kubernetes import config
 
         return config.new_client_from_config(str(self.kubeconfig), client_configuration=None)
 

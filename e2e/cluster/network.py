@@ -20,7 +20,7 @@ class NetworkError(RuntimeError):
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(["ip", *args], capture_output=True, text=True)
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if check and out.returncode != 0:
         raise NetworkError(f"ip {' '.join(args)}: {out.stderr.strip()}")
     return out

@@ -51,7 +51,7 @@ def alive(pids: Path, name: str) -> bool:
     if not record.exists():
         return False
     data = json.loads(record.read_text())
-    return _cmdline(int(data["pid"])) == data["argv"]
+    return bool(_cmdline(int(data["pid"])) == data["argv"])
 
 
 def exit_status_hint(logs: Path, name: str, lines: int = 15) -> str:

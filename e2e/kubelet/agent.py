@@ -81,7 +81,7 @@ class Kubelet(volumes.Fetcher):
 
     def secret(self, ns: str, name: str) -> dict[str, str]:
         sec = self.core.read_namespaced_secret(name, ns)
-        return volumes.decode_secret(sec.data or {})
+        return volumes.decode_secret({k: str(v) for k, v in (sec.data or {}).items()})
 
     def token(
         self, ns: str, sa: str, pod: Mapping[str, Any], audience: str | None, seconds: int
@@ -100,7 +100,9 @@ class Kubelet(volumes.Fetcher):
                 },
             },
         }
-        resp = self.core.create_namespaced_service_account_token(sa, ns, body)
+        resp = self.core.create_namespaced_service_account_token(sa, ns, body)  # type: ignore[arg-type]
+        if resp.status is None:
+            raise client.ApiException(status=500, reason="TokenRequest returned no token")
         return str(resp.status.token)
 
     # --- watches ---------------------------------------------------------
@@ -118,7 +120,7 @@ class Kubelet(volumes.Fetcher):
                     self.events.put((kind, (ev["type"], ev["raw_object"])))
                     if self.stop.is_set():
                         w.stop()
-            except Exception:  # noqa: BLE001 - any watch failure means re-list
+            except Exception:
                 time.sleep(0.5)
 
     # --- main loop -------------------------------------------------------
@@ -166,7 +168,9 @@ class Kubelet(volumes.Fetcher):
             self._sync(uid)
             self.dns_dirty = True
         elif kind == "svc-list":
-            self.services = {f"{s['metadata']['namespace']}/{s['metadata']['name']}": s for s in payload}
+            self.services = {
+                f"{s['metadata']['namespace']}/{s['metadata']['name']}": s for s in payload
+            }
             self.dns_dirty = True
         elif kind == "svc":
             ev_type, obj = payload
@@ -235,7 +239,9 @@ class Kubelet(volumes.Fetcher):
             netns=network.netns_name(uid),
             pod_dir=self.state_dir / "pods" / f"{meta.get('namespace')}_{meta['name']}_{uid}",
             start_time=status.now_rfc3339(),
-            records={c["name"]: status.ContainerRecord(c["name"], c.get("image", "")) for c in containers},
+            records={
+                c["name"]: status.ContainerRecord(c["name"], c.get("image", "")) for c in containers
+            },
         )
         self.runtimes[uid] = rt
         rt.pod_dir.mkdir(parents=True, exist_ok=True)
@@ -263,7 +269,7 @@ class Kubelet(volumes.Fetcher):
             )
             argv = podspec.container_argv(container, env)
             mounts = volumes.prepare(pod, container, rt.pod_dir, self)
-        except (podspec.UnsupportedSpec, client.ApiException) as exc:
+        except (podspec.UnsupportedSpecError, client.ApiException) as exc:
             rec.waiting_reason = "CreateContainerConfigError"
             rec.waiting_message = str(exc)[:500]
             rec.exit_code, rec.message = 128, str(exc)[:500]
@@ -277,7 +283,9 @@ class Kubelet(volumes.Fetcher):
         mounts = [
             podspec.Mount(hosts, "/etc/hosts"),
             podspec.Mount(resolv, "/etc/resolv.conf"),
-            podspec.Mount(term_log, container.get("terminationMessagePath", sandbox.TERMINATION_LOG)),
+            podspec.Mount(
+                term_log, container.get("terminationMessagePath", sandbox.TERMINATION_LOG)
+            ),
             *mounts,
         ]
         proc = sandbox.start(
@@ -319,7 +327,9 @@ class Kubelet(volumes.Fetcher):
             rec.message = term_log.read_text(errors="replace")[:4096]
         pod = self.pods.get(rt.uid)
         policy = (pod or {}).get("spec", {}).get("restartPolicy", "Always")
-        restart = not rt.terminating and (policy == "Always" or (policy == "OnFailure" and code != 0))
+        restart = not rt.terminating and (
+            policy == "Always" or (policy == "OnFailure" and code != 0)
+        )
         if restart:
             delay = RESTART_BACKOFF_S[min(rec.restart_count, len(RESTART_BACKOFF_S) - 1)]
             rt.restart_at[name] = time.monotonic() + delay
@@ -431,7 +441,7 @@ class _EnvLookup(Mapping[str, Mapping[str, str]]):
         except client.ApiException:
             return {}
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return self[name]
 
     def __iter__(self) -> Any:

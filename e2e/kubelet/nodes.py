@@ -58,7 +58,10 @@ class NodeHeartbeat:
             }
 
         return {
-            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+            "addresses": [
+                {"type": "InternalIP", "address": ip},
+                {"type": "Hostname", "address": name},
+            ],
             "capacity": CAPACITY,
             "allocatable": CAPACITY,
             "conditions": [
@@ -97,7 +100,7 @@ class NodeHeartbeat:
                 },
             }
             with contextlib.suppress(client.ApiException):
-                self.core.create_node(body)
+                self.core.create_node(body)  # type: ignore[arg-type]
             self.beat(name, ip)
 
     def beat(self, name: str, ip: str) -> None:
@@ -114,11 +117,11 @@ class NodeHeartbeat:
             },
         }
         try:
-            self.coord.replace_namespaced_lease(name, LEASE_NS, lease)
+            self.coord.replace_namespaced_lease(name, LEASE_NS, lease)  # type: ignore[arg-type]
         except client.ApiException as exc:
             if exc.status != 404:
                 raise
-            self.coord.create_namespaced_lease(LEASE_NS, lease)
+            self.coord.create_namespaced_lease(LEASE_NS, lease)  # type: ignore[arg-type]
 
     def loop(self) -> None:
         while not self.stop.wait(RENEW_EVERY_S):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _UNITS.update({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40})
 
 
-class UnsupportedSpec(ValueError):
+class UnsupportedSpecError(ValueError):
     """A pod uses something the process kubelet cannot run; the pod fails."""
 
 
@@ -61,7 +61,7 @@ def _field_ref(pod: Mapping[str, Any], path: str, node: str, host_ip: str, pod_i
         if path.startswith(prefix + "['") and path.endswith("']"):
             key = path[len(prefix) + 2 : -2]
             return str(meta.get(source, {}).get(key, ""))
-    raise UnsupportedSpec(f"fieldRef {path!r} is not supported")
+    raise UnsupportedSpecError(f"fieldRef {path!r} is not supported")
 
 
 def _resource_ref(container: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
@@ -155,7 +155,7 @@ def container_argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list
     args = list(container.get("args") or [])
     argv = [_expand(str(a), env) for a in command + args]
     if not argv:
-        raise UnsupportedSpec(
+        raise UnsupportedSpecError(
             f"container {container.get('name')!r} has no command: images are not run here"
         )
     return argv
@@ -197,8 +197,8 @@ def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> 
 def hosts_file(
     pod: Mapping[str, Any],
     pod_ip: str,
-    pods: list[Mapping[str, Any]],
-    services: list[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    services: Sequence[Mapping[str, Any]],
 ) -> str:
     """The /etc/hosts a pod sees: itself, pods with subdomains, Services → pod IPs.
 

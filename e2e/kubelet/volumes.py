@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from e2e.kubelet.podspec import Mount, UnsupportedSpec
+from e2e.kubelet.podspec import Mount, UnsupportedSpecError
 
 
 class Fetcher:
@@ -55,7 +55,7 @@ def _downward(pod: Mapping[str, Any], field: str) -> str:
     if field in ("metadata.labels", "metadata.annotations"):
         values = meta.get(field.split(".")[1], {})
         return "\n".join(f'{k}="{v}"' for k, v in sorted(values.items()))
-    raise UnsupportedSpec(f"downwardAPI field {field!r} is not supported")
+    raise UnsupportedSpecError(f"downwardAPI field {field!r} is not supported")
 
 
 def _projected(
@@ -92,7 +92,7 @@ def prepare(
     for vm in container.get("volumeMounts", []):
         vol = volumes.get(vm["name"])
         if vol is None:
-            raise UnsupportedSpec(f"volumeMount {vm['name']!r} has no volume")
+            raise UnsupportedSpecError(f"volumeMount {vm['name']!r} has no volume")
         source = pod_dir / "volumes" / vm["name"]
         if "emptyDir" in vol:
             source.mkdir(parents=True, exist_ok=True)
@@ -111,7 +111,9 @@ def prepare(
                 _projected(pod, vol["projected"], source, fetch)
             else:
                 kinds = sorted(set(vol) - {"name"})
-                raise UnsupportedSpec(f"volume {vm['name']!r} of type {kinds} is not supported")
+                raise UnsupportedSpecError(
+                    f"volume {vm['name']!r} of type {kinds} is not supported"
+                )
         if vm.get("subPath"):
             source = source / vm["subPath"]
             source.mkdir(parents=True, exist_ok=True)

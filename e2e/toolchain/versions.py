@@ -9,8 +9,8 @@ _FILE = Path(__file__).with_name("versions.env")
 
 def _load() -> dict[str, str]:
     out: dict[str, str] = {}
-    for line in _FILE.read_text().splitlines():
-        line = line.strip()
+    for raw in _FILE.read_text().splitlines():
+        line = raw.strip()
         if line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
             out[key] = value

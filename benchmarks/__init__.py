@@ -1,0 +1,1 @@
+"""Benchmarks: torchflex side by side with the reference systems (make bench)."""
