@@ -1,13 +1,125 @@
-"""``torchflex-agent`` entry point (placeholder until it lands)."""
+"""``torchflex-agent`` entry point: parse flags, pick the store backend, run the agent.
+
+Where it sits: the console script (``pyproject.toml``) calls ``main``. Three
+modes: ``torchflex-agent store`` serves the per-job TCPStore
+(``store_server``); a command starting with ``torchrun`` is exec'd as is
+(compatibility: stock torchrun behaviour); anything else runs an
+``agent.ElasticAgent`` and exits with its ``ExitCode``.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+
+from torchflex_agent.config import AgentConfig, parse_args, resolve_nproc
+from torchflex_agent.errors import ConfigError, StoreUnavailableError
+from torchflex_agent.kvstore import KVStore, MemoryStore
+from torchflex_contract import env as tfenv
+from torchflex_contract.exit_codes import ExitCode
+
+log = logging.getLogger("torchflex_agent")
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def connect_store(config: AgentConfig, deadline: float, memory: MemoryStore | None) -> KVStore:
+    """Open a store connection for ``config``'s backend, retrying until ``deadline``."""
+    if config.rdzv_backend == "memory":
+        assert memory is not None
+        return memory.clone()
+    if config.rdzv_backend == "c10d":
+        from torchflex_agent.store_tcp import connect_with_retry
+
+        ep = config.endpoints[0]
+        return connect_with_retry(ep.host, ep.port, deadline)
+    from torchflex_agent.store_etcd import connect_etcd_with_retry
+
+    tls = None
+    if config.tls_dir:
+        d = Path(config.tls_dir)
+        tls = (str(d / "ca.crt"), str(d / "tls.crt"), str(d / "tls.key"))
+    endpoints = [
+        (ep.protocol if tls is None else "https", ep.host, ep.port) for ep in config.endpoints
+    ]
+    return connect_etcd_with_retry(endpoints, tls, deadline)
+
+
+def _run_agent(config: AgentConfig, environ: Mapping[str, str]) -> int:
+    from torchflex_agent.agent import ElasticAgent
+    from torchflex_agent.health import HealthServer
+
+    try:
+        nproc = resolve_nproc(config.nproc_spec, environ.get(tfenv.GPU_LIMIT), _cuda_count)
+    except ConfigError as exc:
+        print(f"torchflex-agent: error: {exc}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    memory = MemoryStore() if config.rdzv_backend == "memory" else None
+    agent = ElasticAgent(
+        config, lambda deadline: connect_store(config, deadline, memory), nproc, environ
+    )
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        agent.request_stop()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    health = None
+    if config.health_port:
+        try:
+            health = HealthServer(config.health_host, config.health_port, agent.report)
+        except OSError as exc:
+            print(
+                f"torchflex-agent: error: --health-port {config.health_port}: {exc}",
+                file=sys.stderr,
+            )
+            return int(ExitCode.USAGE)
+        health.start()
+    try:
+        return agent.run()
+    except StoreUnavailableError as exc:
+        log.error("rendezvous store unavailable: %s", exc)
+        return int(ExitCode.INFRA_ERROR)
+    finally:
+        if health is not None:
+            health.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("torchflex-agent: not yet implemented", file=sys.stderr)
-    return 2
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "store":
+        logging.basicConfig(level=logging.INFO, format="[torchflex-store] %(message)s")
+        from torchflex_agent.store_server import main as store_main
+
+        return store_main(args[1:])
+    command = args[args.index("--") + 1 :] if "--" in args else []
+    if command and os.path.basename(command[0]) == "torchrun":
+        # Compatibility mode: the user asked for stock torchrun; get out of the way.
+        os.execvp(command[0], command)
+    environ = dict(os.environ)
+    try:
+        config = parse_args(args, environ)
+    except ConfigError as exc:
+        print(f"torchflex-agent: error: {exc}", file=sys.stderr)
+        return int(ExitCode.USAGE)
+    # c10d logs every failed connect attempt with a C++ stack; our own
+    # messages say what matters. Workers get the user's original setting.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    logging.basicConfig(
+        level=logging.INFO,
+        format="[torchflex-agent] %(asctime)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    return _run_agent(config, environ)
 
 
 if __name__ == "__main__":

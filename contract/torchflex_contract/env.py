@@ -44,6 +44,21 @@ DEFAULT_STORE_PORT: Final = 29400
 DEFAULT_JOIN_TIMEOUT_S: Final = 600.0
 DEFAULT_LAST_CALL_S: Final = 1.0
 DEFAULT_MONITOR_INTERVAL_S: Final = 0.1
-DEFAULT_ETCD_PORT: Final = 2379
 RDZV_TLS_MOUNT: Final = "/etc/torchflex/rdzv-tls"
 """Where the operator mounts ``rendezvous.tlsSecretName`` (value of ``RDZV_TLS_DIR``)."""
+
+TERMINATION_LOG: Final = "TORCHFLEX_TERMINATION_LOG"
+"""Overrides where the agent writes its final report (default ``/dev/termination-log``)."""
+HEARTBEAT_INTERVAL: Final = "TORCHFLEX_HEARTBEAT_INTERVAL"
+"""Seconds between an agent's liveness heartbeats while its round runs."""
+LIVENESS_TIMEOUT: Final = "TORCHFLEX_LIVENESS_TIMEOUT"
+"""Seconds without heartbeat progress (watcher's own clock) before a peer counts as lost."""
+STOP_GRACE: Final = "TORCHFLEX_STOP_GRACE"
+"""Seconds workers get after SIGTERM on a membership change before SIGKILL."""
+
+DEFAULT_HEARTBEAT_INTERVAL_S: Final = 0.2
+DEFAULT_LIVENESS_TIMEOUT_S: Final = 1.5
+DEFAULT_STOP_GRACE_S: Final = 3.0
+DEFAULT_TERMINATION_GRACE_S: Final = 25.0
+DEFAULT_MAX_RESTARTS: Final = 3
+DEFAULT_ETCD_PORT: Final = 2379

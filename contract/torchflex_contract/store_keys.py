@@ -33,3 +33,36 @@ class Keys:
 
     def key(self, *parts: object) -> str:
         return "/".join([self.prefix, *(str(p) for p in parts)])
+
+
+# Key names under ``Keys(run_id).prefix``. Job-wide keys:
+CURRENT_ROUND: Final = "rdzv/current"
+"""Decimal round number: a hint where to start; per-round keys are the truth."""
+JOB_CLOSED: Final = "rdzv/job-closed"
+"""JSON ``{"outcome": "succeeded"|"failed", "message": ...}``: no new rounds."""
+RESTARTS: Final = "restarts"
+"""Decimal counter of worker-failure restarts of the whole job (not per agent)."""
+
+# Per-round keys live under ``rdzv/round/<r>/``:
+ROUND: Final = "rdzv/round"
+ARRIVALS: Final = "arrivals"
+"""Counter; ``add`` gives each joiner its arrival index (its node rank if admitted)."""
+NODE: Final = "node"
+"""``node/<index>``: JSON descriptor (id, addr, master port, nproc) of a joiner."""
+CLOSED: Final = "closed"
+"""JSON membership written once by the closer (``compare_set`` from absent)."""
+STALE: Final = "stale"
+"""JSON ``{"reason", "by", "detail"}``: the round is over, everyone re-forms."""
+WAITING: Final = "waiting"
+"""Counter of agents that arrived after closure and wait for the next round."""
+HEARTBEAT: Final = "hb"
+"""``hb/<node_rank>``: liveness counter a member increments while running."""
+FINISHED: Final = "finished"
+"""``finished/<node_rank>``: the member's workers succeeded; not a lost member."""
+FAILURE_COUNTED: Final = "failure-counted"
+"""Set by the one agent that counted this round's worker failure as a restart."""
+
+
+def round_key(keys: Keys, round_no: int, *parts: object) -> str:
+    """A per-round key, e.g. ``round_key(keys, 3, STALE)``."""
+    return keys.key(ROUND, round_no, *parts)

@@ -1,0 +1,312 @@
+"""The agent loop: rendezvous, run the worker group, react, repeat.
+
+Where it sits: ``cli`` builds an ``ElasticAgent`` from the config and calls
+``run()``, whose return value is the process exit code
+(``torchflex_contract.exit_codes.ExitCode``). States (``AgentState``)::
+
+    Init -> Rendezvous -> Running -> (Restarting -> Rendezvous)* -> Succeeded
+                                  \\-> Leaving (SIGTERM, exit 75)
+                                  \\-> Failed (restart budget spent, exit 1)
+
+What to do on each observation is decided by ``restart_policy``; this module
+does the I/O: store calls, worker launch and stop, reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from torchflex_agent.config import AgentConfig
+from torchflex_agent.errors import (
+    JobFailedError,
+    PermanentError,
+    RendezvousClosedError,
+    RendezvousTimeoutError,
+    StoreUnavailableError,
+)
+from torchflex_agent.health import write_termination_log
+from torchflex_agent.kvstore import KVStore
+from torchflex_agent.liveness import LivenessSettings, RoundMonitor, probe_peers
+from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult, RendezvousSettings
+from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
+from torchflex_agent.restart_policy import (
+    Action,
+    FailureVerdict,
+    Observation,
+    budget_exhausted,
+    decide,
+    judge_failure,
+)
+from torchflex_agent.workers import GroupState, LaunchContext, WorkerGroup
+from torchflex_contract.exit_codes import ExitCode
+from torchflex_contract.progress import AgentReport, AgentState, RestartReason
+from torchflex_contract.store_keys import FAILURE_COUNTED, FINISHED, RESTARTS, round_key
+
+log = logging.getLogger(__name__)
+
+# After a local worker failure, how long to look for a peer's departure
+# before counting the failure against the restart budget.
+_FAILURE_PROBE_S = 0.5
+_STORE_LOST_STOP_GRACE_S = 1.0
+
+Connect = Callable[[float], KVStore]
+"""Opens a store connection, retrying until the given ``time.monotonic()`` deadline."""
+
+
+class _AgentExitError(Exception):
+    def __init__(self, code: ExitCode, message: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def free_port() -> int:
+    """A currently free TCP port; the master binds it shortly after (torchrun does the same)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class ElasticAgent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        connect: Connect,
+        nproc: int,
+        environ: Mapping[str, str],
+        node_id: str | None = None,
+    ) -> None:
+        self.config = config
+        self._connect = connect
+        self._nproc = nproc
+        self._environ = dict(environ)
+        self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._terminating = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._report = AgentReport(state=AgentState.INIT)
+        self._error_dir = Path(tempfile.mkdtemp(prefix="torchflex-errors-"))
+        self._settings = RendezvousSettings(
+            config.min_nodes, config.max_nodes, config.last_call, config.join_timeout
+        )
+        self._liveness = LivenessSettings(config.heartbeat_interval, config.liveness_timeout)
+
+    # -- reporting ------------------------------------------------------
+
+    def report(self) -> AgentReport:
+        with self._lock:
+            return self._report
+
+    def _update(self, **changes: Any) -> None:
+        with self._lock:
+            self._report = dataclasses.replace(self._report, **changes)
+
+    # -- control --------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """SIGTERM: safe to call from a signal handler."""
+        self._terminating.set()
+        self._wake.set()
+
+    def run(self) -> int:
+        try:
+            code, message = self._run(), ""
+        except _AgentExitError as exc:
+            code, message = exc.code, exc.message
+        state = {
+            ExitCode.SUCCESS: AgentState.SUCCEEDED,
+            ExitCode.PREEMPTED: AgentState.LEAVING,
+            ExitCode.RENDEZVOUS_CLOSED: AgentState.SUCCEEDED,
+        }.get(code, AgentState.FAILED)
+        if message:
+            log.error("%s", message)
+        self._update(state=state, message=message or self.report().message)
+        write_termination_log(self.report(), self._environ)
+        return int(code)
+
+    def _descriptor(self) -> NodeDescriptor:
+        return NodeDescriptor(self.node_id, self.config.node_addr, free_port(), self._nproc)
+
+    def _open_store(self, why: str) -> KVStore:
+        try:
+            return self._connect(time.monotonic() + self.config.join_timeout)
+        except StoreUnavailableError as exc:
+            raise _AgentExitError(
+                ExitCode.INFRA_ERROR, f"rendezvous store unreachable ({why}): {exc}"
+            ) from exc
+
+    def _run(self) -> ExitCode:
+        store = self._open_store("startup")
+        rdzv = Rendezvous(store, self.config.run_id, self._descriptor(), self._settings)
+        min_round = 0
+        while True:
+            if self._terminating.is_set():
+                return ExitCode.PREEMPTED
+            self._update(state=AgentState.RENDEZVOUS)
+            rdzv.node = self._descriptor()
+            started = time.monotonic()
+            try:
+                result = rdzv.next_round(min_round, stop=self._terminating)
+                restarts = int(store.get(rdzv.keys.key(RESTARTS)) or b"0")
+            except RendezvousInterruptedError:
+                return ExitCode.PREEMPTED
+            except StoreUnavailableError as exc:
+                log.warning("store lost during rendezvous: %s; reconnecting", exc)
+                store = self._open_store("reconnect")
+                rdzv = Rendezvous(store, self.config.run_id, rdzv.node, self._settings)
+                self._update(last_restart_reason=RestartReason.STORE_LOST)
+                min_round = 0
+                continue
+            except JobFailedError as exc:
+                raise _AgentExitError(ExitCode.USER_ERROR, f"job failed: {exc}") from exc
+            except RendezvousClosedError as exc:
+                log.info("%s", exc)
+                return ExitCode.RENDEZVOUS_CLOSED
+            except RendezvousTimeoutError as exc:
+                raise _AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
+            except PermanentError as exc:
+                raise _AgentExitError(ExitCode.INFRA_ERROR, f"rendezvous: {exc}") from exc
+            log.info(
+                "round %d: node rank %d of %d, world size %d, master %s:%d "
+                "(rendezvous took %.1f ms, restarts %d)",
+                result.round,
+                result.node_rank,
+                result.num_nodes,
+                result.world_size,
+                result.master.addr,
+                result.master.port,
+                (time.monotonic() - started) * 1000,
+                restarts,
+            )
+            self._update(
+                round=result.round,
+                world_size=result.world_size,
+                node_rank=result.node_rank,
+                nodes=result.num_nodes,
+                restarts=restarts,
+            )
+            try:
+                reason = self._run_round(rdzv, result, restarts)
+            except StoreUnavailableError as exc:
+                log.warning("store lost while running: %s; reconnecting", exc)
+                reason = RestartReason.STORE_LOST
+            if reason is RestartReason.STORE_LOST:
+                store.close()
+                store = self._open_store("reconnect")
+                rdzv = Rendezvous(store, self.config.run_id, rdzv.node, self._settings)
+                min_round = 0
+            else:
+                min_round = result.round + 1
+            log.info("round %d over: %s; re-forming", result.round, reason.value)
+            self._update(state=AgentState.RESTARTING, last_restart_reason=reason)
+
+    def _run_round(
+        self, rdzv: Rendezvous, result: RendezvousResult, restarts: int
+    ) -> RestartReason:
+        """Run workers until the round ends; returns why (or raises ``_AgentExitError``)."""
+        monitor = RoundMonitor(rdzv, result, self._liveness, self._wake)
+        monitor.start()
+        ctx = LaunchContext(
+            self.config.run_id, restarts, self.config.max_restarts, self._nproc, self._error_dir
+        )
+        group = WorkerGroup(self.config.command, result, ctx, self._environ)
+        try:
+            group.start()
+            log.info("round %d: started workers, pids %s", result.round, group.pids)
+            self._update(state=AgentState.RUNNING)
+            return self._supervise(rdzv, result, group, monitor)
+        except BaseException:
+            group.stop(_STORE_LOST_STOP_GRACE_S)
+            raise
+        finally:
+            monitor.stop()
+
+    def _supervise(
+        self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, monitor: RoundMonitor
+    ) -> RestartReason:
+        while True:
+            self._wake.wait(self.config.monitor_interval)
+            self._wake.clear()
+            event = monitor.event
+            stale = event.reason if event is not None else None
+            state, failures = group.poll()
+            if state is GroupState.SUCCEEDED and stale is None:
+                # The stale watcher may lag the workers by a round trip; a
+                # peer's leave makes workers exit 0 too, so ask the store.
+                mark = rdzv.stale_mark(result.round)
+                stale = mark.reason if mark is not None else None
+            action = decide(Observation(state, stale, self._terminating.is_set()))
+            if action is Action.CONTINUE:
+                continue
+            if action is Action.LEAVE:
+                self._leave(rdzv, result, group)
+            if action is Action.SUCCEED:
+                rdzv.store.set(round_key(rdzv.keys, result.round, FINISHED, result.node_rank), b"1")
+                rdzv.close_job("succeeded")
+                group.stop(0.0)
+                raise _AgentExitError(ExitCode.SUCCESS)
+            if action is Action.REFORM:
+                assert stale is not None
+                grace = (
+                    _STORE_LOST_STOP_GRACE_S
+                    if stale is RestartReason.STORE_LOST
+                    else self.config.stop_grace
+                )
+                group.stop(grace)
+                return stale
+            return self._on_failure(rdzv, result, group, failures[0].describe())
+
+    def _on_failure(
+        self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, message: str
+    ) -> RestartReason:
+        log.warning("round %d: %s", result.round, message)
+        self._update(message=message)
+        mark = probe_peers(rdzv, result, _FAILURE_PROBE_S, self._liveness)
+        verdict = judge_failure(mark.reason if mark is not None else None)
+        if verdict is FailureVerdict.COUNT:
+            claim = self.node_id.encode()
+            key = round_key(rdzv.keys, result.round, FAILURE_COUNTED)
+            if rdzv.store.compare_set(key, None, claim) != claim:
+                verdict = FailureVerdict.COUNTED_ELSEWHERE
+            else:
+                restarts = rdzv.store.add(rdzv.keys.key(RESTARTS), 1)
+                self._update(restarts=restarts)
+                if budget_exhausted(restarts, self.config.max_restarts):
+                    text = (
+                        f"worker failure after {restarts - 1} restarts "
+                        f"(max {self.config.max_restarts}): {message}"
+                    )
+                    rdzv.close_job("failed", text)
+                    rdzv.mark_stale(result.round, RestartReason.WORKER_FAILED, message)
+                    group.stop(self.config.stop_grace)
+                    raise _AgentExitError(ExitCode.USER_ERROR, text)
+                rdzv.mark_stale(result.round, RestartReason.WORKER_FAILED, message)
+        log.info("round %d: worker failure judged %s", result.round, verdict.value)
+        group.stop(self.config.stop_grace)
+        if verdict is FailureVerdict.COLLATERAL and mark is not None:
+            return mark.reason
+        return RestartReason.WORKER_FAILED
+
+    def _leave(self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup) -> None:
+        """SIGTERM: tell peers first (so their workers stop in step), then drain ours."""
+        self._update(state=AgentState.LEAVING)
+        try:
+            rdzv.mark_stale(result.round, RestartReason.MEMBER_LEFT, self.node_id)
+        except StoreUnavailableError as exc:
+            log.warning("could not announce leave: %s", exc)
+        group.signal(signal.SIGTERM)
+        if not group.wait(self.config.termination_grace):
+            log.warning("workers still running after %.0fs; killing", self.config.termination_grace)
+        group.stop(0.0)
+        raise _AgentExitError(ExitCode.PREEMPTED)

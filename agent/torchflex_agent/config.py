@@ -1,0 +1,278 @@
+"""Agent configuration: torchrun-style flags, each defaulting from the operator's env.
+
+Where it sits: ``cli`` parses argv with ``parse_args`` into an
+``AgentConfig``; everything else takes the config object. Parsing is pure
+(argv and an env mapping in, config or ``ConfigError`` out) so every bad
+input is table-tested; the error message always names the offending flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import NoReturn, TypeVar
+
+from torchflex_agent.errors import ConfigError
+from torchflex_contract import env as tfenv
+
+BACKENDS = ("c10d", "etcd", "memory")
+_T = TypeVar("_T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    protocol: str
+    host: str
+    port: int
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+    min_nodes: int
+    max_nodes: int
+    nproc_spec: str
+    rdzv_backend: str
+    endpoints: tuple[Endpoint, ...]
+    run_id: str
+    last_call: float
+    join_timeout: float
+    max_restarts: int
+    monitor_interval: float
+    health_port: int
+    health_host: str
+    node_addr: str
+    termination_grace: float
+    stop_grace: float
+    heartbeat_interval: float
+    liveness_timeout: float
+    tls_dir: str | None
+    command: tuple[str, ...]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    try:
+        if len(parts) == 1:
+            lo = hi = int(parts[0])
+        elif len(parts) == 2:
+            lo, hi = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"--nnodes: expected N or MIN:MAX, got {text!r}") from None
+    if lo < 1 or hi < lo:
+        raise ConfigError(f"--nnodes: need 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def check_nproc(text: str) -> str:
+    if text in ("auto", "gpu", "cpu"):
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return text
+    raise ConfigError(f"--nproc-per-node: expected auto|gpu|cpu|N>=1, got {text!r}")
+
+
+_HOSTPORT = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>\d+))?$"
+)
+
+
+def parse_endpoints(text: str, backend: str) -> tuple[Endpoint, ...]:
+    """``host[:port]`` for c10d; comma-separated ``[http[s]://]host[:port]`` for etcd."""
+    if backend == "memory":
+        return ()
+    if not text:
+        raise ConfigError(f"--rdzv-endpoint: required for the {backend} backend")
+    default_port = tfenv.DEFAULT_STORE_PORT if backend == "c10d" else tfenv.DEFAULT_ETCD_PORT
+    items = [t.strip() for t in text.split(",")] if backend == "etcd" else [text.strip()]
+    out = []
+    for item in items:
+        protocol = "http"
+        rest = item
+        if "://" in item:
+            protocol, rest = item.split("://", 1)
+            if backend != "etcd" or protocol not in ("http", "https"):
+                raise ConfigError(f"--rdzv-endpoint: unsupported scheme in {item!r}")
+        m = _HOSTPORT.match(rest.rstrip("/"))
+        if m is None:
+            raise ConfigError(f"--rdzv-endpoint: expected host[:port], got {item!r}")
+        port = int(m.group("port")) if m.group("port") else default_port
+        if not 0 < port < 65536:
+            raise ConfigError(f"--rdzv-endpoint: port out of range in {item!r}")
+        out.append(Endpoint(protocol, m.group("v6") or m.group("host"), port))
+    return tuple(out)
+
+
+def _number(flag: str, conv: Callable[[str], _T], low: float) -> Callable[[str], _T]:
+    def parse(text: str) -> _T:
+        try:
+            value = conv(text)
+        except ValueError:
+            raise ConfigError(f"{flag}: not a number: {text!r}") from None
+        if float(value) < low:  # type: ignore[arg-type]
+            raise ConfigError(f"{flag}: must be >= {low:g}, got {text!r}")
+        return value
+
+    return parse
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="torchflex-agent",
+        description="Elastic PyTorch launcher (torchrun-compatible flags). "
+        "Usage: torchflex-agent [options] -- <training command...>",
+    )
+    g = env.get
+    p.add_argument("--nnodes", default=g(tfenv.NNODES, "1"))
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="nproc_per_node",
+        default=g(tfenv.NPROC_PER_NODE, "auto"),
+    )
+    p.add_argument(
+        "--rdzv-backend",
+        "--rdzv_backend",
+        dest="rdzv_backend",
+        default=g(tfenv.RDZV_BACKEND, "c10d"),
+    )
+    p.add_argument(
+        "--rdzv-endpoint",
+        "--rdzv_endpoint",
+        dest="rdzv_endpoint",
+        default=g(tfenv.RDZV_ENDPOINT, ""),
+    )
+    p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=g(tfenv.RDZV_ID, ""))
+    p.add_argument(
+        "--rdzv-last-call",
+        dest="last_call",
+        default=g(tfenv.RDZV_LAST_CALL, str(tfenv.DEFAULT_LAST_CALL_S)),
+    )
+    p.add_argument(
+        "--rdzv-join-timeout",
+        dest="join_timeout",
+        default=g(tfenv.RDZV_JOIN_TIMEOUT, str(tfenv.DEFAULT_JOIN_TIMEOUT_S)),
+    )
+    p.add_argument(
+        "--max-restarts",
+        "--max_restarts",
+        dest="max_restarts",
+        default=g(tfenv.MAX_RESTARTS, str(tfenv.DEFAULT_MAX_RESTARTS)),
+    )
+    p.add_argument(
+        "--monitor-interval",
+        "--monitor_interval",
+        dest="monitor_interval",
+        default=g(tfenv.MONITOR_INTERVAL, str(tfenv.DEFAULT_MONITOR_INTERVAL_S)),
+    )
+    p.add_argument(
+        "--health-port",
+        dest="health_port",
+        default=g(tfenv.HEALTH_PORT, str(tfenv.DEFAULT_HEALTH_PORT)),
+    )
+    p.add_argument("--health-host", dest="health_host", default="0.0.0.0")
+    p.add_argument("--node-addr", dest="node_addr", default=g(tfenv.POD_IP, "") or "127.0.0.1")
+    p.add_argument(
+        "--termination-grace",
+        dest="termination_grace",
+        default=g(tfenv.TERMINATION_GRACE, str(tfenv.DEFAULT_TERMINATION_GRACE_S)),
+    )
+    p.add_argument(
+        "--stop-grace",
+        dest="stop_grace",
+        default=g(tfenv.STOP_GRACE, str(tfenv.DEFAULT_STOP_GRACE_S)),
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        dest="heartbeat_interval",
+        default=g(tfenv.HEARTBEAT_INTERVAL, str(tfenv.DEFAULT_HEARTBEAT_INTERVAL_S)),
+    )
+    p.add_argument(
+        "--liveness-timeout",
+        dest="liveness_timeout",
+        default=g(tfenv.LIVENESS_TIMEOUT, str(tfenv.DEFAULT_LIVENESS_TIMEOUT_S)),
+    )
+    p.add_argument("--rdzv-tls-dir", dest="tls_dir", default=g(tfenv.RDZV_TLS_DIR) or None)
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    return p
+
+
+def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> AgentConfig:
+    """Parse flags (defaults from ``env``); raises ``ConfigError`` naming the flag."""
+    env = os.environ if env is None else env
+    ns = build_parser(env).parse_args(list(argv))
+    command = list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError("missing training command (torchflex-agent [options] -- cmd ...)")
+    lo, hi = parse_nnodes(ns.nnodes)
+    backend = ns.rdzv_backend
+    if backend not in BACKENDS:
+        raise ConfigError(f"--rdzv-backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    run_id = ns.rdzv_id
+    if not run_id or run_id == "none":
+        raise ConfigError("--rdzv-id: must be set and not 'none' (jobs would share state)")
+    last_call = _number("--rdzv-last-call", float, 0.0)(ns.last_call)
+    join_timeout = _number("--rdzv-join-timeout", float, 0.1)(ns.join_timeout)
+    heartbeat = _number("--heartbeat-interval", float, 0.01)(ns.heartbeat_interval)
+    liveness = _number("--liveness-timeout", float, 0.05)(ns.liveness_timeout)
+    if liveness <= 2 * heartbeat:
+        raise ConfigError("--liveness-timeout: must exceed twice --heartbeat-interval")
+    return AgentConfig(
+        min_nodes=lo,
+        max_nodes=hi,
+        nproc_spec=check_nproc(ns.nproc_per_node),
+        rdzv_backend=backend,
+        endpoints=parse_endpoints(ns.rdzv_endpoint, backend),
+        run_id=run_id,
+        last_call=last_call,
+        join_timeout=join_timeout,
+        max_restarts=_number("--max-restarts", int, 0)(ns.max_restarts),
+        monitor_interval=_number("--monitor-interval", float, 0.01)(ns.monitor_interval),
+        health_port=_number("--health-port", int, 0)(ns.health_port),
+        health_host=ns.health_host,
+        node_addr=ns.node_addr,
+        termination_grace=_number("--termination-grace", float, 0.0)(ns.termination_grace),
+        stop_grace=_number("--stop-grace", float, 0.0)(ns.stop_grace),
+        heartbeat_interval=heartbeat,
+        liveness_timeout=liveness,
+        tls_dir=ns.tls_dir,
+        command=tuple(command),
+    )
+
+
+def resolve_nproc(spec: str, gpu_limit: str | None, cuda_count: Callable[[], int]) -> int:
+    """Workers per node: one per GPU when GPUs are visible, else 1 on CPU.
+
+    ``cpu`` and ``auto`` without GPUs give 1 rather than torchrun's
+    ``os.cpu_count()``: in a container that is the host's core count, not
+    the pod's CPU limit, and one process using intra-op threads is the
+    better default for CPU training.
+    """
+    if spec.isdigit():
+        return int(spec)
+    if spec == "cpu":
+        return 1
+    gpus = 0
+    if gpu_limit:
+        try:
+            gpus = int(gpu_limit)
+        except ValueError:
+            raise ConfigError(f"{tfenv.GPU_LIMIT}: not an integer: {gpu_limit!r}") from None
+    else:
+        gpus = cuda_count()
+    if gpus > 0:
+        return gpus
+    if spec == "gpu":
+        raise ConfigError("--nproc-per-node: 'gpu' requested but no GPU is visible")
+    return 1

@@ -1,0 +1,138 @@
+"""The small key-value interface the rendezvous is written against.
+
+Where it sits: ``rendezvous`` and ``liveness`` talk only to ``KVStore``; the
+backends are ``MemoryStore`` (below, pure-logic tests and ``--rdzv-backend
+memory`` inside one process), ``store_tcp.TCPKVStore`` (c10d TCPStore) and
+``store_etcd.EtcdKVStore`` (etcd v3). Each method is one round trip where the
+backend allows it. Blocking calls take a timeout so every caller's loop is
+bounded in time.
+
+A backend connection serves one thread at a time (TCPStore clients serialize
+operations, so a blocked ``wait`` would stall a heartbeat): threads that
+block get their own connection from ``clone()``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from torchflex_agent.errors import StoreUnavailableError
+
+
+class KVStore(Protocol):
+    """Operations every rendezvous backend provides.
+
+    Every method raises ``StoreUnavailableError`` when the backend cannot be
+    reached; values are opaque bytes except for ``add`` counters, which are
+    decimal ASCII so all backends agree on their representation.
+    """
+
+    def get(self, key: str) -> bytes | None:
+        """The value of ``key``, or None if it does not exist (never blocks)."""
+        ...
+
+    def set(self, key: str, value: bytes) -> None: ...
+
+    def add(self, key: str, amount: int) -> int:
+        """Atomically add ``amount`` to a counter (absent = 0); returns the new value."""
+        ...
+
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes | None:
+        """Set ``key`` to ``desired`` iff it holds ``expected`` (None: absent).
+
+        Returns the value the key holds afterwards (None if absent). Callers
+        make ``desired`` unique (it carries their node id) so that
+        ``result == desired`` means they won.
+        """
+        ...
+
+    def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        """Block until all ``keys`` exist; False if ``timeout`` seconds passed first."""
+        ...
+
+    def clone(self) -> KVStore:
+        """A new, independent connection to the same backend."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class _MemoryData:
+    """The state shared by all connections of one in-memory store."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self.cond = threading.Condition()
+        self.available = True
+
+
+class MemoryStore:
+    """An in-process ``KVStore``: for pure logic tests and single-process use.
+
+    ``set_available(False)`` simulates a lost backend: every call then raises
+    ``StoreUnavailableError`` like a dropped TCP connection would.
+    """
+
+    def __init__(self, data: _MemoryData | None = None) -> None:
+        self._data = data if data is not None else _MemoryData()
+
+    def _check(self) -> None:
+        if not self._data.available:
+            raise StoreUnavailableError("memory store marked unavailable")
+
+    def set_available(self, available: bool) -> None:
+        with self._data.cond:
+            self._data.available = available
+            if available:
+                self._data.values.clear()  # a restarted store comes back empty
+            self._data.cond.notify_all()
+
+    def get(self, key: str) -> bytes | None:
+        with self._data.cond:
+            self._check()
+            return self._data.values.get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        with self._data.cond:
+            self._check()
+            self._data.values[key] = value
+            self._data.cond.notify_all()
+
+    def add(self, key: str, amount: int) -> int:
+        with self._data.cond:
+            self._check()
+            new = int(self._data.values.get(key, b"0")) + amount
+            self._data.values[key] = str(new).encode()
+            self._data.cond.notify_all()
+            return new
+
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes | None:
+        with self._data.cond:
+            self._check()
+            current = self._data.values.get(key)
+            if current == expected:
+                self._data.values[key] = desired
+                self._data.cond.notify_all()
+                return desired
+            return current
+
+    def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._data.cond:
+            while True:
+                self._check()
+                if all(k in self._data.values for k in keys):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._data.cond.wait(left)
+
+    def clone(self) -> MemoryStore:
+        return MemoryStore(self._data)
+
+    def close(self) -> None:
+        pass

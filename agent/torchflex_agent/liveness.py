@@ -1,0 +1,179 @@
+"""Liveness of a running round: heartbeats, ring watching, the stale-key watch.
+
+Where it sits: the agent starts one ``RoundMonitor`` per round it is a member
+of, after ``Rendezvous.next_round`` returned. Two daemon threads, each with
+its own store connection (a blocked TCPStore client would stall the other):
+
+* the heartbeat thread increments ``hb/<my rank>`` every interval and reads
+  ``hb/<successor>``; if the successor's counter stops advancing for the
+  liveness timeout *on this node's monotonic clock* it marks the round stale
+  (MemberLost). Clocks of different nodes are never compared, so a skewed or
+  busy node is not evicted for its clock.
+* the stale thread blocks on ``wait([stale])``: when anyone marks the round
+  stale, every member learns it within one store round trip.
+
+Both report through ``RoundEvent``; store errors report ``StoreLost``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from torchflex_agent.errors import RendezvousError, StoreUnavailableError
+from torchflex_agent.kvstore import KVStore
+from torchflex_agent.rdzv_logic import ProgressTracker, RendezvousResult, StaleMark
+from torchflex_agent.rendezvous import Rendezvous
+from torchflex_contract.progress import RestartReason
+from torchflex_contract.store_keys import FINISHED, HEARTBEAT, STALE, round_key
+
+log = logging.getLogger(__name__)
+
+_STALE_WAIT_SLICE = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundEvent:
+    reason: RestartReason
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LivenessSettings:
+    heartbeat_interval: float
+    timeout: float
+
+
+class RoundMonitor:
+    """Watches one closed round until stopped or until the round ends."""
+
+    def __init__(
+        self,
+        rdzv: Rendezvous,
+        result: RendezvousResult,
+        settings: LivenessSettings,
+        wake: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._rdzv = rdzv
+        self._result = result
+        self._settings = settings
+        self._wake = wake
+        self._clock = clock
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._event: RoundEvent | None = None
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def event(self) -> RoundEvent | None:
+        with self._lock:
+            return self._event
+
+    def _report(self, event: RoundEvent) -> None:
+        with self._lock:
+            if self._event is None:
+                self._event = event
+        self._wake.set()
+
+    def start(self) -> None:
+        # Connections are opened here, on the caller's thread, so a dead
+        # store surfaces as an exception to the agent loop, not a silent thread.
+        hb_store = self._rdzv.store.clone()
+        stale_store = self._rdzv.store.clone()
+        self._threads = [
+            threading.Thread(target=self._heartbeat, args=(hb_store,), daemon=True, name="hb"),
+            threading.Thread(
+                target=self._watch_stale, args=(stale_store,), daemon=True, name="stale"
+            ),
+        ]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=_STALE_WAIT_SLICE + 2.0)
+
+    def _key(self, *parts: object) -> str:
+        return round_key(self._rdzv.keys, self._result.round, *parts)
+
+    def _heartbeat(self, store: KVStore) -> None:
+        me = self._result.node_rank
+        succ = self._result.successor
+        tracker = ProgressTracker(self._settings.timeout)
+        try:
+            while not self._stop.is_set():
+                store.add(self._key(HEARTBEAT, me), 1)
+                if succ is not None:
+                    raw = store.get(self._key(HEARTBEAT, succ))
+                    value = int(raw) if raw is not None else None
+                    if tracker.observe(value, self._clock()) and (
+                        store.get(self._key(FINISHED, succ)) is None
+                    ):
+                        detail = f"node rank {succ} stopped heartbeating"
+                        log.warning("round %d: %s", self._result.round, detail)
+                        mark = StaleMark(RestartReason.MEMBER_LOST, self._rdzv.node.node_id, detail)
+                        store.compare_set(self._key(STALE), None, mark.encode())
+                        return  # the stale thread reports whichever mark won
+                self._stop.wait(self._settings.heartbeat_interval)
+        except StoreUnavailableError as exc:
+            self._report(RoundEvent(RestartReason.STORE_LOST, str(exc)))
+        finally:
+            store.close()
+
+    def _watch_stale(self, store: KVStore) -> None:
+        try:
+            while not self._stop.is_set():
+                if store.wait([self._key(STALE)], _STALE_WAIT_SLICE):
+                    raw = store.get(self._key(STALE))
+                    if raw is None:
+                        continue
+                    mark = StaleMark.decode(raw)
+                    self._report(RoundEvent(mark.reason, mark.detail))
+                    return
+        except StoreUnavailableError as exc:
+            self._report(RoundEvent(RestartReason.STORE_LOST, str(exc)))
+        except RendezvousError as exc:
+            self._report(RoundEvent(RestartReason.STORE_LOST, f"unreadable stale mark: {exc}"))
+        finally:
+            store.close()
+
+
+def probe_peers(
+    rdzv: Rendezvous, result: RendezvousResult, window: float, settings: LivenessSettings
+) -> StaleMark | None:
+    """After a local worker failure: is a peer gone (so the failure is collateral)?
+
+    Gloo reports a dead peer's connection reset within milliseconds, long
+    before the heartbeat timeout. So sample every member's heartbeat, wait
+    up to ``window`` for the round to go stale on its own, then sample
+    again: a member whose counter did not move over several heartbeat
+    intervals is taken as lost and the round is marked stale for it.
+    Returns the round's stale mark if it has one at the end, else None.
+    """
+    store = rdzv.store
+    peers = [i for i in range(result.num_nodes) if i != result.node_rank]
+
+    def sample() -> dict[int, bytes | None]:
+        return {i: store.get(round_key(rdzv.keys, result.round, HEARTBEAT, i)) for i in peers}
+
+    before = sample()
+    stale_key = round_key(rdzv.keys, result.round, STALE)
+    window = max(window, 2.5 * settings.heartbeat_interval)
+    if store.wait([stale_key], window):
+        return rdzv.stale_mark(result.round)
+    after = sample()
+    for i in peers:
+        if after[i] == before[i] and (
+            store.get(round_key(rdzv.keys, result.round, FINISHED, i)) is None
+        ):
+            return rdzv.mark_stale(
+                result.round,
+                RestartReason.MEMBER_LOST,
+                f"node rank {i} stopped heartbeating (seen after a worker failure)",
+            )
+    return rdzv.stale_mark(result.round)

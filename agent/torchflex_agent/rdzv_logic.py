@@ -1,0 +1,205 @@
+"""Pure decisions of the rendezvous protocol: given what a node observed, what to do.
+
+Where it sits: ``rendezvous`` (the I/O side) asks these functions what to do
+after each read; the liveness watcher uses ``ProgressTracker``. Nothing here
+touches a store, a clock or a thread, so every rule is table-tested in
+``tests/unit/agent``. The rules are those of torchelastic's rendezvous
+(barrier, exclusivity, consistency, last call) expressed over an arrival
+counter instead of a versioned state blob.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from torchflex_agent.errors import StoreProtocolError
+from torchflex_contract.progress import RestartReason
+
+
+@dataclasses.dataclass(frozen=True)
+class RendezvousSettings:
+    min_nodes: int
+    max_nodes: int
+    last_call: float
+    join_timeout: float
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(f"need 1 <= min ({self.min_nodes}) <= max ({self.max_nodes})")
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeDescriptor:
+    """What a joining node tells its peers about itself."""
+
+    node_id: str
+    addr: str
+    port: int
+    """A free port on ``addr``: MASTER_PORT if this node becomes node rank 0."""
+    nproc: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: Any) -> NodeDescriptor:
+        try:
+            return cls(str(raw["node_id"]), str(raw["addr"]), int(raw["port"]), int(raw["nproc"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreProtocolError(f"malformed node descriptor {raw!r}: {exc}") from exc
+
+
+def encode_membership(nodes: Sequence[NodeDescriptor], closer: str) -> bytes:
+    """The value of a round's ``closed`` key; ``closer`` makes it unique per writer."""
+    return json.dumps({"closer": closer, "nodes": [n.to_json() for n in nodes]}).encode()
+
+
+def decode_membership(raw: bytes) -> tuple[NodeDescriptor, ...]:
+    try:
+        data = json.loads(raw)
+        nodes = data["nodes"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreProtocolError(f"malformed round membership: {exc}") from exc
+    return tuple(NodeDescriptor.from_json(n) for n in nodes)
+
+
+@dataclasses.dataclass(frozen=True)
+class StaleMark:
+    reason: RestartReason
+    by: str
+    detail: str = ""
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"reason": self.reason.value, "by": self.by, "detail": self.detail}
+        ).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> StaleMark:
+        try:
+            data = json.loads(raw)
+            return cls(RestartReason(data["reason"]), str(data["by"]), str(data.get("detail", "")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreProtocolError(f"malformed stale mark {raw!r}: {exc}") from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class RendezvousResult:
+    """A closed round as seen by one of its members."""
+
+    round: int
+    node_rank: int
+    nodes: tuple[NodeDescriptor, ...]
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nproc for n in self.nodes)
+
+    @property
+    def rank_offset(self) -> int:
+        """Global rank of this node's local rank 0."""
+        return sum(n.nproc for n in self.nodes[: self.node_rank])
+
+    @property
+    def me(self) -> NodeDescriptor:
+        return self.nodes[self.node_rank]
+
+    @property
+    def master(self) -> NodeDescriptor:
+        return self.nodes[0]
+
+    @property
+    def successor(self) -> int | None:
+        """The node rank this member watches, or None when alone."""
+        return successor(self.node_rank, self.num_nodes)
+
+
+def successor(node_rank: int, num_nodes: int) -> int | None:
+    """Ring successor: every member is watched by exactly one other member."""
+    if num_nodes <= 1:
+        return None
+    return (node_rank + 1) % num_nodes
+
+
+class ArrivalRole(enum.Enum):
+    CLOSER = "closer"
+    """This arrival filled the round to max: close it now, no last call."""
+    CANDIDATE = "candidate"
+    """Within max: a member if the round closes with this index included."""
+
+
+def arrival_role(index: int, max_nodes: int) -> ArrivalRole:
+    return ArrivalRole.CLOSER if index + 1 == max_nodes else ArrivalRole.CANDIDATE
+
+
+@dataclasses.dataclass(frozen=True)
+class CloseDecision:
+    close: bool
+    wait: float
+    """Seconds to block on the ``closed`` key before deciding again."""
+    min_reached_at: float | None
+    """When this node first saw min arrivals, on its own monotonic clock."""
+
+
+def close_decision(
+    *,
+    now: float,
+    arrivals: int,
+    settings: RendezvousSettings,
+    min_reached_at: float | None,
+    fallback_wait: float,
+) -> CloseDecision:
+    """Whether a waiting joiner should close the round now, else how long to wait.
+
+    The last-call window runs on the deciding node's own clock from the
+    moment it first saw ``min`` arrivals; wall clocks are never compared.
+    """
+    if arrivals >= settings.max_nodes:
+        return CloseDecision(True, 0.0, min_reached_at if min_reached_at is not None else now)
+    if arrivals < settings.min_nodes:
+        return CloseDecision(False, fallback_wait, None)
+    seen = min_reached_at if min_reached_at is not None else now
+    left = seen + settings.last_call - now
+    if left <= 0:
+        return CloseDecision(True, 0.0, seen)
+    return CloseDecision(False, left, seen)
+
+
+class Standing(enum.Enum):
+    MEMBER = "member"
+    WAITER = "waiter"
+
+
+def standing(index: int, closed_count: int) -> Standing:
+    """Members are exactly the arrival indices below the closed count."""
+    return Standing.MEMBER if index < closed_count else Standing.WAITER
+
+
+def waiter_marks_stale(closed_count: int, max_nodes: int) -> bool:
+    """A late joiner re-forms a running round only if it has room to grow."""
+    return closed_count < max_nodes
+
+
+@dataclasses.dataclass
+class ProgressTracker:
+    """Has a heartbeat counter stalled for ``timeout`` on the observer's own clock?"""
+
+    timeout: float
+    last_value: int | None = None
+    last_change: float | None = None
+
+    def observe(self, value: int | None, now: float) -> bool:
+        """Record one reading; True when the watched member counts as lost."""
+        if self.last_change is None or value != self.last_value:
+            self.last_value = value
+            self.last_change = now
+            return False
+        return now - self.last_change >= self.timeout

@@ -1,0 +1,291 @@
+"""The rendezvous protocol over a ``KVStore``: join a round, close it, leave it.
+
+Where it sits: the agent loop calls ``Rendezvous.next_round`` to become a
+member of a closed round (its node rank, the membership, the master
+address), ``mark_stale`` when the round must end (worker failure, lost
+peer, leaving), and ``close_job`` when the job is over. ``liveness`` watches
+a running round. Decisions come from ``rdzv_logic``; this module only reads
+and writes keys (layout in ``torchflex_contract.store_keys``).
+
+Protocol for round r (one pass, a handful of round trips per node):
+
+1. if ``r/stale`` exists the round is over: move on to r+1;
+2. if ``r/closed`` exists the round runs without us: count ourselves in
+   ``r/waiting``, mark it stale (reason MemberJoined) if it has room, wait
+   for ``r/stale`` and move on;
+3. else ``add(r/arrivals, 1)`` gives our arrival index i, and we publish our
+   descriptor at ``r/node/i``; the arrival that reaches max closes at once,
+   the others block on ``r/closed`` (server-side wait / etcd watch), closing
+   it themselves once min arrived and the last call passed;
+4. exactly one ``compare_set(r/closed, absent, membership)`` wins; indices
+   below its count are members (node rank = index), the rest are waiters.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from torchflex_agent.errors import (
+    JobFailedError,
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousTimeoutError,
+    StoreProtocolError,
+)
+from torchflex_agent.kvstore import KVStore
+from torchflex_agent.rdzv_logic import (
+    ArrivalRole,
+    NodeDescriptor,
+    RendezvousResult,
+    RendezvousSettings,
+    StaleMark,
+    Standing,
+    arrival_role,
+    close_decision,
+    decode_membership,
+    encode_membership,
+    standing,
+    waiter_marks_stale,
+)
+from torchflex_contract.progress import RestartReason
+from torchflex_contract.store_keys import (
+    ARRIVALS,
+    CLOSED,
+    CURRENT_ROUND,
+    JOB_CLOSED,
+    NODE,
+    STALE,
+    WAITING,
+    Keys,
+    round_key,
+)
+
+log = logging.getLogger(__name__)
+
+# Longest single block on a key. Wakeups by writes are immediate; this only
+# bounds how late a SIGTERM or a dead closer is noticed while waiting.
+_WAIT_SLICE = 0.5
+# How long the closer waits for a counted joiner to publish its descriptor
+# (it does so right after its ``add``; missing means it died in between).
+_DESCRIPTOR_WAIT = 3.0
+_MAX_ROUND_HOPS = 10_000
+
+
+class RendezvousInterruptedError(RendezvousError):
+    """The caller's stop event was set (SIGTERM) while waiting; we left cleanly."""
+
+
+class Rendezvous:
+    """One node's view of a job's rendezvous."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        run_id: str,
+        node: NodeDescriptor,
+        settings: RendezvousSettings,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.keys = Keys(run_id)
+        self.node = node
+        self.settings = settings
+        self._clock = clock
+
+    # -- job-wide state -------------------------------------------------
+
+    def job_closure(self) -> tuple[str, str] | None:
+        """(outcome, message) if the job's rendezvous is closed."""
+        raw = self.store.get(self.keys.key(JOB_CLOSED))
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+            return str(data["outcome"]), str(data.get("message", ""))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreProtocolError(f"malformed job closure: {exc}") from exc
+
+    def close_job(self, outcome: str, message: str = "") -> None:
+        value = json.dumps({"outcome": outcome, "message": message, "by": self.node.node_id})
+        self.store.compare_set(self.keys.key(JOB_CLOSED), None, value.encode())
+
+    def _raise_if_job_closed(self) -> None:
+        closure = self.job_closure()
+        if closure is None:
+            return
+        outcome, message = closure
+        if outcome == "failed":
+            raise JobFailedError(message or "the job failed on another node")
+        raise RendezvousClosedError(f"rendezvous closed: job {outcome}")
+
+    # -- round state ----------------------------------------------------
+
+    def stale_mark(self, round_no: int) -> StaleMark | None:
+        raw = self.store.get(round_key(self.keys, round_no, STALE))
+        return None if raw is None else StaleMark.decode(raw)
+
+    def mark_stale(self, round_no: int, reason: RestartReason, detail: str = "") -> StaleMark:
+        """End a round; the first mark wins and is returned (ours or an earlier one)."""
+        mine = StaleMark(reason, self.node.node_id, detail).encode()
+        current = self.store.compare_set(round_key(self.keys, round_no, STALE), None, mine)
+        return StaleMark.decode(current if current is not None else mine)
+
+    def abort_round(self, round_no: int, reason: RestartReason, detail: str = "") -> None:
+        """Mark a forming round stale and close it, so its joiners stop waiting."""
+        self.mark_stale(round_no, reason, detail)
+        self.store.compare_set(
+            round_key(self.keys, round_no, CLOSED),
+            None,
+            encode_membership((), closer=f"abort:{self.node.node_id}"),
+        )
+
+    def _advance(self, round_no: int) -> int:
+        """Move to the next round, or further if the hint already points further."""
+        now = self.store.compare_set(
+            self.keys.key(CURRENT_ROUND), str(round_no).encode(), str(round_no + 1).encode()
+        )
+        try:
+            hint = int(now) if now is not None else 0
+        except ValueError:
+            hint = 0
+        return max(round_no + 1, hint)
+
+    def current_round_hint(self) -> int:
+        raw = self.store.get(self.keys.key(CURRENT_ROUND))
+        if raw is None:
+            # add(0) creates the counter as "0" so later compare_sets have a value to match.
+            return self.store.add(self.keys.key(CURRENT_ROUND), 0)
+        try:
+            return int(raw)
+        except ValueError as exc:
+            raise StoreProtocolError(f"malformed current round {raw!r}") from exc
+
+    # -- joining --------------------------------------------------------
+
+    def next_round(
+        self, min_round: int = 0, stop: threading.Event | None = None
+    ) -> RendezvousResult:
+        """Block until this node is a member of a closed, healthy round.
+
+        Raises ``RendezvousTimeoutError`` after the join timeout,
+        ``RendezvousInterruptedError`` when ``stop`` is set, and the job-closed
+        errors when the job is over. Store errors propagate.
+        """
+        deadline = self._clock() + self.settings.join_timeout
+        round_no = max(min_round, self.current_round_hint())
+        for _ in range(_MAX_ROUND_HOPS):
+            self._raise_if_job_closed()
+            if self.stale_mark(round_no) is not None:
+                round_no = self._advance(round_no)
+                continue
+            closed = self.store.get(round_key(self.keys, round_no, CLOSED))
+            if closed is not None:
+                self._wait_out_round(round_no, len(decode_membership(closed)), deadline, stop)
+                round_no = self._advance(round_no)
+                continue
+            result = self._join(round_no, deadline, stop)
+            if result is not None:
+                return result
+            round_no = self._advance(round_no)
+        raise RendezvousTimeoutError(f"no usable round after {_MAX_ROUND_HOPS} rounds")
+
+    def _check_deadline(
+        self, round_no: int, deadline: float, stop: threading.Event | None, joined: bool
+    ) -> None:
+        if stop is not None and stop.is_set():
+            if joined:
+                self.abort_round(round_no, RestartReason.MEMBER_LEFT, "left while joining")
+            raise RendezvousInterruptedError(f"stopped while in round {round_no}")
+        if self._clock() >= deadline:
+            arrivals = self.store.add(round_key(self.keys, round_no, ARRIVALS), 0)
+            if joined:
+                self.abort_round(round_no, RestartReason.MEMBER_LEFT, "join timeout")
+            raise RendezvousTimeoutError(
+                f"rendezvous round {round_no}: {arrivals} of min {self.settings.min_nodes} "
+                f"nodes (max {self.settings.max_nodes}) joined within "
+                f"{self.settings.join_timeout:g}s"
+            )
+
+    def _wait_out_round(
+        self, round_no: int, closed_count: int, deadline: float, stop: threading.Event | None
+    ) -> None:
+        """We arrived after closure: ask to be let in, then wait for the round to end."""
+        self.store.add(round_key(self.keys, round_no, WAITING), 1)
+        if waiter_marks_stale(closed_count, self.settings.max_nodes):
+            self.mark_stale(round_no, RestartReason.MEMBER_JOINED, self.node.node_id)
+            return
+        stale = round_key(self.keys, round_no, STALE)
+        while not self.store.wait([stale], _WAIT_SLICE):
+            self._check_deadline(round_no, deadline, stop, joined=False)
+            self._raise_if_job_closed()
+
+    def _join(
+        self, round_no: int, deadline: float, stop: threading.Event | None
+    ) -> RendezvousResult | None:
+        """Arrive in an open round; None if we ended up waiting or the round died."""
+        index = self.store.add(round_key(self.keys, round_no, ARRIVALS), 1) - 1
+        self.store.set(
+            round_key(self.keys, round_no, NODE, index), json.dumps(self.node.to_json()).encode()
+        )
+        log.debug("round %d: arrived as index %d", round_no, index)
+        if arrival_role(index, self.settings.max_nodes) is ArrivalRole.CLOSER:
+            self._try_close(round_no, self.settings.max_nodes)
+        closed_key = round_key(self.keys, round_no, CLOSED)
+        min_reached_at: float | None = None
+        fallback = max(2 * self.settings.last_call, _WAIT_SLICE)
+        while True:
+            raw = self.store.get(closed_key)
+            if raw is not None:
+                break
+            decision = close_decision(
+                now=self._clock(),
+                arrivals=self.store.add(round_key(self.keys, round_no, ARRIVALS), 0),
+                settings=self.settings,
+                min_reached_at=min_reached_at,
+                fallback_wait=fallback,
+            )
+            min_reached_at = decision.min_reached_at
+            if decision.close:
+                arrivals = self.store.add(round_key(self.keys, round_no, ARRIVALS), 0)
+                self._try_close(round_no, min(arrivals, self.settings.max_nodes))
+                continue
+            self.store.wait([closed_key], min(decision.wait, _WAIT_SLICE))
+            self._check_deadline(round_no, deadline, stop, joined=True)
+        if self.stale_mark(round_no) is not None:
+            return None
+        nodes = decode_membership(raw)
+        if standing(index, len(nodes)) is Standing.WAITER:
+            self._wait_out_round(round_no, len(nodes), deadline, stop)
+            return None
+        if nodes[index].node_id != self.node.node_id:
+            raise StoreProtocolError(
+                f"round {round_no}: index {index} belongs to {nodes[index].node_id}, not us"
+            )
+        return RendezvousResult(round=round_no, node_rank=index, nodes=nodes)
+
+    def _try_close(self, round_no: int, count: int) -> None:
+        """Close the round with the first ``count`` arrivals (one writer wins)."""
+        node_keys = [round_key(self.keys, round_no, NODE, i) for i in range(count)]
+        if not self.store.wait(node_keys, _DESCRIPTOR_WAIT):
+            # A joiner died between its add and its descriptor: admit the
+            # contiguous prefix that did publish; the rest wait for round r+1.
+            present = 0
+            for key in node_keys:
+                if self.store.get(key) is None:
+                    break
+                present += 1
+            count = present
+            node_keys = node_keys[:count]
+        nodes = []
+        for key in node_keys:
+            raw = self.store.get(key)
+            if raw is None:
+                raise StoreProtocolError(f"descriptor {key} vanished")
+            nodes.append(NodeDescriptor.from_json(json.loads(raw)))
+        value = encode_membership(nodes, closer=self.node.node_id)
+        won = self.store.compare_set(round_key(self.keys, round_no, CLOSED), None, value) == value
+        log.debug("round %d: close with %d nodes, won=%s", round_no, count, won)

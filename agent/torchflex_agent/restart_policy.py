@@ -1,0 +1,74 @@
+"""Pure decisions of the agent loop: given what was observed, what to do next.
+
+Where it sits: ``agent.ElasticAgent`` gathers observations (worker group
+state, the round's stale mark, SIGTERM, store loss) and acts on the
+``Action`` these functions return; keeping them free of I/O lets the rules
+be table-tested. The rules: membership changes never consume the restart
+budget, worker failures do (once per round, job-wide), SIGTERM always wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from torchflex_agent.workers import GroupState
+from torchflex_contract.progress import RestartReason
+
+
+class Action(enum.Enum):
+    CONTINUE = "continue"
+    """Keep running; nothing happened."""
+    SUCCEED = "succeed"
+    """Workers finished: close the job's rendezvous, exit 0."""
+    LEAVE = "leave"
+    """SIGTERM: mark the round stale (MemberLeft), let workers checkpoint, exit 75."""
+    REFORM = "reform"
+    """The round ended for a reason that is not ours to count: re-rendezvous."""
+    INVESTIGATE_FAILURE = "investigate"
+    """A local worker failed and the round still looks healthy: probe peers first."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    group: GroupState
+    stale: RestartReason | None
+    """The round's stale reason if the monitor (or a direct read) saw one."""
+    terminating: bool = False
+
+
+def decide(obs: Observation) -> Action:
+    if obs.terminating:
+        return Action.LEAVE
+    if obs.stale is not None:
+        # Whatever the workers did, the round is over: a success or failure
+        # that coincides with a peer leaving is a consequence of the leave.
+        return Action.REFORM
+    if obs.group is GroupState.FAILED:
+        return Action.INVESTIGATE_FAILURE
+    if obs.group is GroupState.SUCCEEDED:
+        return Action.SUCCEED
+    return Action.CONTINUE
+
+
+class FailureVerdict(enum.Enum):
+    COLLATERAL = "collateral"
+    """A peer left or was lost at the same time: restart, do not count."""
+    COUNTED_ELSEWHERE = "counted-elsewhere"
+    """Another node already counted this round's failure: restart, do not count again."""
+    COUNT = "count"
+    """Ours to count: claim the round's failure and increment the job's restarts."""
+
+
+def judge_failure(stale_after_probe: RestartReason | None) -> FailureVerdict:
+    """Classify a local worker failure once the short peer probe is done."""
+    if stale_after_probe is None:
+        return FailureVerdict.COUNT
+    if stale_after_probe is RestartReason.WORKER_FAILED:
+        return FailureVerdict.COUNTED_ELSEWHERE
+    return FailureVerdict.COLLATERAL
+
+
+def budget_exhausted(restarts_after_count: int, max_restarts: int) -> bool:
+    """``max_restarts`` restarts are allowed; the failure that would need one more ends the job."""
+    return restarts_after_count > max_restarts

@@ -1,0 +1,173 @@
+"""``KVStore`` over etcd v3 through its grpc-gateway JSON API (``--rdzv-backend etcd``).
+
+Where it sits: an alternative to the TCPStore backend for clusters that
+already run etcd (or where the store must survive restarts: etcd persists,
+a TCPStore pod does not). Uses ``etcd3gw`` (HTTP/JSON, no grpc wheels).
+``compare_set`` is one transaction, ``add`` is a bounded compare-and-swap
+loop on the key's ``mod_revision``, and ``wait`` is a watch started at the
+revision right after the read that found the key missing, so a write landing
+between the read and the watch is never lost.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+import etcd3gw
+from etcd3gw import exceptions as etcd_exc
+
+from torchflex_agent.errors import StoreUnavailableError
+
+_MAX_ADD_ATTEMPTS = 200
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+class EtcdKVStore:
+    """A client of one etcd endpoint (the first reachable one of a list)."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, str, int]],
+        request_timeout: float = 10.0,
+        tls: tuple[str, str, str] | None = None,
+    ) -> None:
+        """``endpoints``: (protocol, host, port); ``tls``: (ca, cert, key) file paths."""
+        if not endpoints:
+            raise ValueError("etcd backend needs at least one endpoint")
+        self._endpoints = list(endpoints)
+        self._timeout = request_timeout
+        self._tls = tls
+        self._client = self._connect()
+
+    def _connect(self) -> etcd3gw.Etcd3Client:
+        last: Exception | None = None
+        for protocol, host, port in self._endpoints:
+            kwargs: dict[str, Any] = {}
+            if self._tls is not None:
+                kwargs = {
+                    "ca_cert": self._tls[0],
+                    "cert_cert": self._tls[1],
+                    "cert_key": self._tls[2],
+                }
+            client = etcd3gw.Etcd3Client(
+                host=host, port=port, protocol=protocol, timeout=self._timeout, **kwargs
+            )
+            try:
+                client.status()
+            except (etcd_exc.Etcd3Exception, OSError) as exc:
+                last = exc
+                continue
+            return client
+        raise StoreUnavailableError(f"no etcd endpoint reachable: {last}")
+
+    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return cast(dict[str, Any], self._client.post(self._client.get_url(path), json=payload))
+        except (etcd_exc.Etcd3Exception, OSError) as exc:
+            raise StoreUnavailableError(f"etcd {path}: {exc}") from exc
+
+    def _range(self, key: str) -> tuple[bytes | None, int, int]:
+        """(value, mod_revision, header revision) of ``key``."""
+        result = self._post("/kv/range", {"key": _b64(key.encode())})
+        revision = int(result.get("header", {}).get("revision", 0))
+        kvs = result.get("kvs") or []
+        if not kvs:
+            return None, 0, revision
+        kv = kvs[0]
+        return _unb64(kv.get("value", "")), int(kv.get("mod_revision", 0)), revision
+
+    def get(self, key: str) -> bytes | None:
+        return self._range(key)[0]
+
+    def set(self, key: str, value: bytes) -> None:
+        self._post("/kv/put", {"key": _b64(key.encode()), "value": _b64(value)})
+
+    def _txn_put(
+        self, key: str, compare: dict[str, Any], value: bytes
+    ) -> tuple[bool, bytes | None]:
+        bkey = _b64(key.encode())
+        compare = {"key": bkey, "result": "EQUAL", **compare}
+        txn = {
+            "compare": [compare],
+            "success": [{"request_put": {"key": bkey, "value": _b64(value)}}],
+            "failure": [{"request_range": {"key": bkey}}],
+        }
+        result = self._post("/kv/txn", txn)
+        if result.get("succeeded"):
+            return True, value
+        responses = result.get("responses") or [{}]
+        kvs = responses[0].get("response_range", {}).get("kvs") or []
+        return False, (_unb64(kvs[0].get("value", "")) if kvs else None)
+
+    def add(self, key: str, amount: int) -> int:
+        for _ in range(_MAX_ADD_ATTEMPTS):
+            value, mod_rev, _rev = self._range(key)
+            new = (int(value) if value else 0) + amount
+            if value is None:
+                compare: dict[str, Any] = {"target": "CREATE", "create_revision": 0}
+            else:
+                compare = {"target": "MOD", "mod_revision": mod_rev}
+            won, _ = self._txn_put(key, compare, str(new).encode())
+            if won:
+                return new
+        raise StoreUnavailableError(f"etcd add on {key}: too much contention")
+
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes | None:
+        if expected is None:
+            compare: dict[str, Any] = {"target": "CREATE", "create_revision": 0}
+        else:
+            compare = {"target": "VALUE", "value": _b64(expected)}
+        _won, value = self._txn_put(key, compare, desired)
+        return value
+
+    def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for key in keys:
+            while True:
+                value, _mod, revision = self._range(key)
+                if value is not None:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                try:
+                    self._client.watch_once(key, timeout=left, start_revision=revision + 1)
+                except etcd_exc.WatchTimedOut:
+                    return False
+                except (etcd_exc.Etcd3Exception, OSError) as exc:
+                    raise StoreUnavailableError(f"etcd watch {key}: {exc}") from exc
+        return True
+
+    def clone(self) -> EtcdKVStore:
+        return EtcdKVStore(self._endpoints, self._timeout, self._tls)
+
+    def close(self) -> None:
+        self._client.session.close()
+
+
+def connect_etcd_with_retry(
+    endpoints: Sequence[tuple[str, str, int]],
+    tls: tuple[str, str, str] | None,
+    deadline: float,
+) -> EtcdKVStore:
+    """Connect to the first reachable endpoint, retrying until ``deadline`` (monotonic)."""
+    delay = 0.05
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return EtcdKVStore(endpoints, request_timeout=max(0.5, min(left, 10.0)), tls=tls)
+        except StoreUnavailableError:
+            if deadline - time.monotonic() <= 0:
+                raise
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)

@@ -1,0 +1,64 @@
+"""``torchflex-agent store``: the per-job c10d TCPStore server.
+
+Where it sits: the operator runs this in the job's store pod; every agent
+(``--rdzv-backend c10d``) connects to it as a client. Hosting the store
+outside the agents means no single training node's death takes the
+rendezvous state with it. It serves until SIGTERM or SIGINT. Its state is in
+memory only: if the pod restarts, agents see their connections drop,
+reconnect and re-form from an empty store (restart reason StoreLost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import signal
+import sys
+from types import FrameType
+
+from torchflex_contract import env as tfenv
+
+log = logging.getLogger(__name__)
+
+
+def serve(host: str, port: int) -> int:
+    from torch._C._distributed_c10d import TCPStore
+
+    stopping = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    store = TCPStore(
+        host,
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=30),
+        use_libuv=True,
+    )
+    # The bound port is printed so a caller that asked for port 0 can find it.
+    print(f"torchflex-agent store: listening on {host}:{store.port}", flush=True)
+    while not stopping:
+        signal.pause()
+    log.info("store: signal received, shutting down")
+    del store
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="torchflex-agent store", description=__doc__)
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=tfenv.DEFAULT_STORE_PORT)
+    try:
+        ns = p.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if not 0 <= ns.port < 65536:
+        print(f"torchflex-agent store: --port out of range: {ns.port}", file=sys.stderr)
+        return 2
+    return serve(ns.host, ns.port)

@@ -1,0 +1,234 @@
+"""Worker processes of one round: environment, launch, log prefixing, exit status.
+
+Where it sits: the agent builds a ``WorkerGroup`` for each round it is a
+member of and polls it; this module knows nothing about the store. Workers
+are plain ``subprocess.Popen`` children in their own session (so a group can
+be signalled as a whole) that get ``PR_SET_PDEATHSIG=SIGKILL``: if the agent
+dies, even by SIGKILL, its workers die with it instead of training on as
+orphans. Their env is the one torchrun gives (``worker_env``), and each
+worker's error file is torch's (``TORCHELASTIC_ERROR_FILE``), so scripts
+using ``torch.distributed.elastic.multiprocessing.errors.record`` report
+their exception to us unchanged.
+
+Popen must be called from the agent's main thread: the kernel sends the
+parent-death signal when the *thread* that forked exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import enum
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from torchflex_agent.rdzv_logic import RendezvousResult
+
+_PR_SET_PDEATHSIG = 1
+_ROLE_NAME = "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchContext:
+    """What every worker env needs besides the round itself."""
+
+    run_id: str
+    restart_count: int
+    max_restarts: int
+    nproc: int
+    error_dir: Path
+
+
+def worker_env(
+    base: Mapping[str, str], result: RendezvousResult, ctx: LaunchContext, local_rank: int
+) -> dict[str, str]:
+    """The environment torchrun gives local worker ``local_rank`` of this round."""
+    rank = result.rank_offset + local_rank
+    env = dict(base)
+    env.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(result.world_size),
+            "LOCAL_WORLD_SIZE": str(ctx.nproc),
+            "GROUP_RANK": str(result.node_rank),
+            "GROUP_WORLD_SIZE": str(result.num_nodes),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(result.world_size),
+            "ROLE_NAME": _ROLE_NAME,
+            "MASTER_ADDR": result.master.addr,
+            "MASTER_PORT": str(result.master.port),
+            "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(ctx.max_restarts),
+            "TORCHELASTIC_RUN_ID": ctx.run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_ERROR_FILE": str(error_file(ctx, result.round, rank)),
+            "PYTHONUNBUFFERED": base.get("PYTHONUNBUFFERED", "1"),
+        }
+    )
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def error_file(ctx: LaunchContext, round_no: int, rank: int) -> Path:
+    return ctx.error_dir / f"round_{round_no}" / f"rank_{rank}" / "error.json"
+
+
+def read_error_file(path: Path) -> str | None:
+    """The message torch's ``record`` wrote, or None if the worker wrote none."""
+    try:
+        data: Any = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        text = message.get("message")
+        return str(text) if text is not None else None
+    return str(message) if message is not None else None
+
+
+def _set_pdeathsig() -> None:
+    """Runs in the child between fork and exec."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class GroupState(enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerFailure:
+    rank: int
+    exitcode: int
+    message: str
+
+    def describe(self) -> str:
+        how = (
+            f"killed by {signal.Signals(-self.exitcode).name}"
+            if self.exitcode < 0 and -self.exitcode in signal.valid_signals()
+            else f"exit code {self.exitcode}"
+        )
+        return (
+            f"rank {self.rank} failed ({how}): {self.message}"
+            if self.message
+            else (f"rank {self.rank} failed ({how})")
+        )
+
+
+class _Prefixer:
+    """Copies a worker's output to ours line by line, prefixed with its rank."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, stream: IO[bytes], out: IO[bytes], prefix: bytes) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(stream, out, prefix), daemon=True, name="log"
+        )
+        self._thread.start()
+
+    @classmethod
+    def _run(cls, stream: IO[bytes], out: IO[bytes], prefix: bytes) -> None:
+        with stream:
+            for line in iter(stream.readline, b""):
+                with cls._lock:
+                    out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+                    out.flush()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+class WorkerGroup:
+    """The ``nproc`` worker processes this node runs for one round."""
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        result: RendezvousResult,
+        ctx: LaunchContext,
+        base_env: Mapping[str, str],
+    ) -> None:
+        self._cmd = list(cmd)
+        self._result = result
+        self._ctx = ctx
+        self._base_env = base_env
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._prefixers: list[_Prefixer] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def start(self) -> None:
+        for local_rank in range(self._ctx.nproc):
+            env = worker_env(self._base_env, self._result, self._ctx, local_rank)
+            efile = Path(env["TORCHELASTIC_ERROR_FILE"])
+            efile.parent.mkdir(parents=True, exist_ok=True)
+            efile.unlink(missing_ok=True)
+            proc = subprocess.Popen(
+                self._cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - prctl must run in the child
+            )
+            prefix = f"[rank {env['RANK']}] ".encode()
+            assert proc.stdout is not None and proc.stderr is not None
+            self._prefixers.append(_Prefixer(proc.stdout, sys.stdout.buffer, prefix))
+            self._prefixers.append(_Prefixer(proc.stderr, sys.stderr.buffer, prefix))
+            self._procs.append(proc)
+
+    def poll(self) -> tuple[GroupState, list[WorkerFailure]]:
+        """RUNNING while any worker runs and none failed; FAILED on the first failure."""
+        failures = []
+        running = False
+        for local_rank, proc in enumerate(self._procs):
+            code = proc.poll()
+            if code is None:
+                running = True
+            elif code != 0:
+                rank = self._result.rank_offset + local_rank
+                path = error_file(self._ctx, self._result.round, rank)
+                failures.append(WorkerFailure(rank, code, read_error_file(path) or ""))
+        if failures:
+            return GroupState.FAILED, failures
+        return (GroupState.RUNNING if running else GroupState.SUCCEEDED), []
+
+    def signal(self, sig: signal.Signals) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+
+    def wait(self, timeout: float) -> bool:
+        """True if every worker exited within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        for proc in self._procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM, up to ``grace`` seconds to exit, then SIGKILL the rest."""
+        self.signal(signal.SIGTERM)
+        if not self.wait(grace):
+            self.signal(signal.SIGKILL)
+            self.wait(5.0)
+        for p in self._prefixers:
+            p.join(1.0)
