@@ -1,13 +1,127 @@
-"""``torchflex-operator`` entry point (placeholder until it lands)."""
+"""``torchflex-operator``: parse flags, configure logging and metrics, run kopf.
+
+Where it sits: the process entry point (console script). Builds
+``Settings``, the ``Kube`` client, the ``Reconciler`` and the kopf registry
+(``handlers.register``), then hands control to ``kopf.run``.
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
+
+from torchflex_operator.settings import Settings
+
+LOG_FORMATS = ("plain", "json")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="torchflex-operator",
+        description="Reconciles torchflex.io/v1alpha1 ElasticJobs (elastic PyTorch training).",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch this namespace (repeatable; globs allowed)",
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
+    )
+    ha = p.add_mutually_exclusive_group()
+    ha.add_argument("--peering", metavar="NAME", help="kopf peering object for HA (active/standby)")
+    ha.add_argument("--standalone", action="store_true", help="no peering (single replica)")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="plain")
+    p.add_argument("--verbose", action="store_true", help="debug logging")
+    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics; 0 = off")
+    p.add_argument("--health-port", type=int, default=8081, help="liveness /healthz; 0 = off")
+    p.add_argument("--workers", type=int, default=4, help="concurrent reconciles")
+    p.add_argument(
+        "--agent-status-poll",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="poll agents' GET /status on pod IPs for world size and round",
+    )
+    p.add_argument(
+        "--watch-nodes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="watch Nodes to force-delete pods stuck on lost nodes (needs nodes list/watch)",
+    )
+    p.add_argument("--agent-command", default=Settings.agent_command)
+    p.add_argument("--etcd-image", default=Settings.etcd_image)
+    p.add_argument("--backoff-base", type=float, default=Settings.backoff_base_s, metavar="S")
+    p.add_argument("--backoff-cap", type=float, default=Settings.backoff_cap_s, metavar="S")
+    p.add_argument("--resync", type=float, default=Settings.resync_s, metavar="S")
+    p.add_argument(
+        "--force-delete-after",
+        type=float,
+        default=Settings.force_delete_after_s,
+        metavar="S",
+        help="wait past a pod's grace period on a lost node before force-deleting it",
+    )
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(
+        agent_command=args.agent_command,
+        etcd_image=args.etcd_image,
+        backoff_base_s=args.backoff_base,
+        backoff_cap_s=args.backoff_cap,
+        resync_s=args.resync,
+        force_delete_after_s=args.force_delete_after,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("torchflex-operator: not yet implemented", file=sys.stderr)
-    return 2
+    p = parser()
+    args = p.parse_args(argv)  # exits 2 with a usage line on bad flags
+    for flag in ("metrics_port", "health_port", "workers"):
+        if getattr(args, flag) < 0 or (flag == "workers" and args.workers < 1):
+            p.error(f"--{flag.replace('_', '-')} out of range")
+    import kopf
+
+    from torchflex_operator.agent_status import StatusPoller
+    from torchflex_operator.handlers import register
+    from torchflex_operator.kube import Kube, load_api_client
+    from torchflex_operator.metrics import Metrics
+    from torchflex_operator.reconciler import Reconciler
+
+    kopf.configure(
+        verbose=args.verbose,
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
+    logging.getLogger("torchflex_operator").setLevel(
+        logging.DEBUG if args.verbose else logging.INFO
+    )
+    metrics = Metrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    reconciler = Reconciler(
+        Kube(load_api_client()),
+        settings_from(args),
+        poller=StatusPoller(enabled=args.agent_status_poll),
+        metrics=metrics,
+        workers=args.workers,
+    )
+    registry = register(reconciler, watch_nodes=args.watch_nodes)
+    kopf.run(
+        registry=registry,
+        namespaces=args.namespace,
+        clusterwide=not args.namespace,
+        standalone=args.standalone or not args.peering,
+        peering_name=args.peering,
+        liveness_endpoint=(
+            f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
+        ),
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,99 @@
+"""In-memory views of the operator's pods, Services and nodes, fed by watch events.
+
+Where it sits: kopf's event handlers (``handlers``) call ``update`` with
+each watched object; the reconciler reads one job's slice. This is the
+"informer cache" of the operator: possibly stale, which is why
+``expectations`` exist. Pure: no API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torchflex_contract.labels import Label
+from torchflex_operator.observed import PodView
+
+JobKey = tuple[str, str]  # (namespace, name)
+
+
+def job_key_of(obj: Mapping[str, Any]) -> JobKey | None:
+    meta = obj.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(Label.JOB_NAME)
+    if not job:
+        return None
+    return (str(meta.get("namespace", "")), str(job))
+
+
+class OwnedCache:
+    """Pods and Services by owning job (from the job-name label)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[JobKey, dict[str, PodView]] = {}
+        self.services: dict[JobKey, set[str]] = {}
+
+    def update_pod(self, event: str | None, pod: Mapping[str, Any]) -> JobKey | None:
+        key = job_key_of(pod)
+        if key is None:
+            return None
+        view = PodView.from_pod(pod)
+        slot = self.pods.setdefault(key, {})
+        if event == "DELETED":
+            if slot.get(view.name, view).uid == view.uid:
+                slot.pop(view.name, None)
+        else:
+            slot[view.name] = view
+        if not slot:
+            del self.pods[key]
+        return key
+
+    def update_service(self, event: str | None, svc: Mapping[str, Any]) -> JobKey | None:
+        key = job_key_of(svc)
+        if key is None:
+            return None
+        name = str((svc.get("metadata") or {}).get("name"))
+        names = self.services.setdefault(key, set())
+        if event == "DELETED":
+            names.discard(name)
+        else:
+            names.add(name)
+        return key
+
+    def job_pods(self, key: JobKey) -> list[PodView]:
+        return list(self.pods.get(key, {}).values())
+
+    def job_services(self, key: JobKey) -> frozenset[str]:
+        return frozenset(self.services.get(key, set()))
+
+    def replace_job_pods(self, key: JobKey, pods: list[Mapping[str, Any]]) -> None:
+        """Resync from a fresh list (heals events a watch reconnect lost)."""
+        self.pods[key] = {v.name: v for v in map(PodView.from_pod, pods)}
+
+    def jobs_on_node(self, node: str) -> set[JobKey]:
+        return {
+            k for k, pods in self.pods.items() if any(p.node_name == node for p in pods.values())
+        }
+
+    def forget(self, key: JobKey) -> None:
+        self.pods.pop(key, None)
+        self.services.pop(key, None)
+
+
+class NodeCache:
+    """Node name -> Ready, for telling a lost node from a slow one."""
+
+    def __init__(self) -> None:
+        self.ready: dict[str, bool] = {}
+        self.synced = False
+
+    def update(self, event: str | None, node: Mapping[str, Any]) -> tuple[str, bool]:
+        """Record a node event; returns (name, changed readiness or vanished)."""
+        name = str((node.get("metadata") or {}).get("name"))
+        self.synced = True
+        if event == "DELETED":
+            return name, self.ready.pop(name, None) is not None
+        conditions = (node.get("status") or {}).get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        changed = self.ready.get(name) != ready
+        self.ready[name] = ready
+        return name, changed

@@ -1,0 +1,32 @@
+"""Typed errors of the operator: what a failed step means for the retry loop.
+
+Where it sits: ``kube`` raises these from API failures, ``spec`` raises
+``InvalidSpecError`` for jobs the CRD schema let through but the operator
+cannot run; the reconciler decides on retry or give-up by type alone.
+"""
+
+from __future__ import annotations
+
+
+class OperatorError(Exception):
+    """Base class of every error the operator raises on purpose."""
+
+
+class RetryableError(OperatorError):
+    """Transient: API timeouts, 5xx, 429, optimistic-lock conflicts. Retry with backoff."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ConflictError(RetryableError):
+    """The object changed under us (409 on update): re-read and re-plan."""
+
+
+class PermanentError(OperatorError):
+    """Retrying the same request cannot succeed (403, 422, bad spec)."""
+
+
+class InvalidSpecError(PermanentError):
+    """The job's spec cannot be run (the schema should have caught it)."""

@@ -1,0 +1,71 @@
+"""Expectations: what this operator did that its watch cache has not shown yet.
+
+Where it sits: the apply layer records every pod create and delete here; the
+reconciler overlays them on the cached pods before planning, so a pass that
+runs before the watch event arrives still sees the pod it just created (and
+never creates it twice) or the pod it just deleted as terminating. An
+expectation ends when the cache catches up, or after a timeout (the cache
+may have missed an event; then the API's 409/404 keep us safe). Pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+from torchflex_operator.observed import PodView
+
+TIMEOUT = dt.timedelta(seconds=60)
+
+
+@dataclasses.dataclass
+class _JobExpectations:
+    created: dict[str, tuple[PodView, dt.datetime]] = dataclasses.field(default_factory=dict)
+    """pod name -> (synthetic pending view, when)"""
+    deleted: dict[str, tuple[bool, dt.datetime]] = dataclasses.field(default_factory=dict)
+    """pod uid -> (forced, when)"""
+
+
+class Expectations:
+    def __init__(self) -> None:
+        self._jobs: dict[str, _JobExpectations] = {}
+
+    def expect_created(self, job: str, view: PodView, now: dt.datetime) -> None:
+        self._jobs.setdefault(job, _JobExpectations()).created[view.name] = (view, now)
+
+    def expect_deleted(self, job: str, uid: str, now: dt.datetime, *, forced: bool) -> None:
+        self._jobs.setdefault(job, _JobExpectations()).deleted[uid] = (forced, now)
+
+    def forget(self, job: str) -> None:
+        self._jobs.pop(job, None)
+
+    def pending(self, job: str) -> int:
+        exp = self._jobs.get(job)
+        return 0 if exp is None else len(exp.created) + len(exp.deleted)
+
+    def overlay(self, job: str, cached: list[PodView], now: dt.datetime) -> list[PodView]:
+        """Cached pods corrected by unmet expectations; drops met or expired ones."""
+        exp = self._jobs.get(job)
+        if exp is None:
+            return cached
+        by_name = {p.name: p for p in cached}
+        by_uid = {p.uid: p for p in cached}
+        out = list(cached)
+        for name, (view, when) in list(exp.created.items()):
+            seen = by_name.get(name)
+            if (
+                seen is not None and (not view.uid or seen.uid == view.uid)
+            ) or now - when > TIMEOUT:
+                del exp.created[name]
+            elif seen is None:
+                out.append(view)
+        for uid, (forced, when) in list(exp.deleted.items()):
+            seen = by_uid.get(uid)
+            met = seen is None or (seen.terminating and not forced)
+            if met or now - when > TIMEOUT:
+                del exp.deleted[uid]
+            elif seen is not None and not seen.terminating:
+                out = [dataclasses.replace(p, deletion=now) if p.uid == uid else p for p in out]
+        if not exp.created and not exp.deleted:
+            del self._jobs[job]
+        return out

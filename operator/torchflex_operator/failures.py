@@ -1,0 +1,93 @@
+"""Why a worker pod ended, and whether it counts against ``backoffLimit``.
+
+Where it sits: the planner calls ``classify`` for every Failed worker pod.
+The exit code contract (``torchflex_contract.exit_codes``) decides first
+hand; pod-level evidence (``DisruptionTarget`` condition, eviction and
+node-loss status reasons, a lost node) overrides it, because a pod killed by
+the platform is never the user's fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torchflex_contract.exit_codes import Disposition, disposition
+from torchflex_contract.progress import AgentReport
+from torchflex_operator.observed import Observed, PodView
+from torchflex_operator.vocabulary import EventReason, Reason
+
+# DisruptionTarget condition reasons (k8s >= 1.26) and what they mean here.
+_DISRUPTION_REASONS: dict[str, Reason] = {
+    "PreemptionByScheduler": Reason.PREEMPTED,
+    "PreemptionByKubeScheduler": Reason.PREEMPTED,
+    "DeletionByTaintManager": Reason.NODE_LOST,
+    "DeletionByPodGC": Reason.NODE_LOST,
+    "EvictionByEvictionAPI": Reason.EVICTED,
+    "TerminationByKubelet": Reason.EVICTED,
+}
+# pod.status.reason values the kubelet or node controller set on platform kills.
+_STATUS_REASONS: dict[str, Reason] = {
+    "Evicted": Reason.EVICTED,
+    "Preempting": Reason.PREEMPTED,
+    "NodeLost": Reason.NODE_LOST,
+    "Shutdown": Reason.NODE_LOST,
+    "NodeShutdown": Reason.NODE_LOST,
+    "Terminated": Reason.NODE_LOST,
+    "UnexpectedAdmissionError": Reason.EVICTED,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    reason: Reason
+    counted: bool
+    exit_code: int | None
+    message: str
+
+    @property
+    def event_reason(self) -> EventReason:
+        if self.reason is Reason.PREEMPTED:
+            return EventReason.PREEMPTED
+        if self.reason is Reason.NODE_LOST:
+            return EventReason.NODE_LOST
+        return EventReason.POD_FAILED
+
+
+def report_message(raw: str) -> str:
+    """The human part of a termination message: an AgentReport's message or raw logs."""
+    raw = raw.strip()
+    if raw.startswith("{"):
+        try:
+            return AgentReport.from_json(raw).message
+        except ValueError:
+            pass
+    return raw[-1024:]
+
+
+def classify(pod: PodView, observed: Observed) -> Failure:
+    """Classify a worker pod in phase Failed."""
+    message = report_message(pod.message)
+    if pod.disruption_reason is not None:
+        reason = _DISRUPTION_REASONS.get(pod.disruption_reason, Reason.EVICTED)
+        return Failure(reason, False, pod.exit_code, message or pod.disruption_reason)
+    if pod.status_reason in _STATUS_REASONS:
+        return Failure(_STATUS_REASONS[pod.status_reason], False, pod.exit_code, message)
+    if observed.node_lost(pod):
+        return Failure(Reason.NODE_LOST, False, pod.exit_code, message)
+    if pod.exit_code is None:
+        # Failed without a container exit (e.g. the kubelet rejected it): platform.
+        return Failure(Reason.EVICTED, False, None, message or (pod.status_reason or ""))
+    if pod.terminated_reason == "OOMKilled":
+        return Failure(Reason.OOM_KILLED, True, pod.exit_code, message or "OOMKilled")
+    kind = disposition(pod.exit_code)
+    if kind is Disposition.RETRYABLE_FREE:
+        return Failure(Reason.PREEMPTED, False, pod.exit_code, message)
+    if kind is Disposition.PERMANENT:
+        return Failure(Reason.USER_ERROR, True, pod.exit_code, message)
+    # RETRYABLE_COUNTED, or exit 0 in a pod that still failed (another container).
+    return Failure(Reason.INFRA_ERROR, True, pod.exit_code, message)
+
+
+def succeeded(pod: PodView) -> bool:
+    """The worker's agent exited 0: the worker group is done (restartPolicy Never)."""
+    return pod.phase == "Succeeded"

@@ -1,0 +1,220 @@
+"""The one module that talks to the Kubernetes API (besides kopf's own watches).
+
+Where it sits: the reconciler and apply layer call ``Kube``'s async methods;
+each wraps a blocking call of the official client in a thread and maps
+``ApiException`` to the operator's typed errors (``errors``). Creates are
+idempotent (409 = already there), deletes carry a UID precondition (so a
+delete never hits a same-named replacement), status writes carry the
+resourceVersion they were planned from (409 = re-read and re-plan).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from torchflex_contract import labels
+from torchflex_operator.errors import ConflictError, PermanentError, RetryableError
+from torchflex_operator.spec import format_time
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+COMPONENT = "torchflex-operator"
+_TIMEOUT_S = 15
+
+
+def load_api_client() -> Any:
+    """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        cfg = client.Configuration()
+        config.load_kube_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+
+
+def _typed(exc: ApiException, what: str) -> Exception:
+    status = int(exc.status or 0)
+    detail = f"{what}: HTTP {status} {exc.reason}"
+    if status == 409:
+        return ConflictError(detail)
+    if status == 429 or status >= 500 or status == 0:
+        retry = exc.headers.get("Retry-After") if exc.headers else None
+        return RetryableError(detail, float(retry) if retry and retry.isdigit() else None)
+    return PermanentError(detail)
+
+
+class Kube:
+    def __init__(self, api_client: Any) -> None:
+        self.api = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    async def _call(self, what: str, fn: Callable[[], T]) -> T:
+        try:
+            return await asyncio.to_thread(fn)
+        except ApiException as exc:
+            raise _typed(exc, what) from exc
+        except (OSError, TimeoutError) as exc:  # connection refused/reset, urllib3 timeouts
+            raise RetryableError(f"{what}: {exc}") from exc
+
+    def _dict(self, obj: Any) -> dict[str, Any]:
+        return self.api.sanitize_for_serialization(obj)  # type: ignore[no-any-return]
+
+    # -- ElasticJob ------------------------------------------------------------
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: Any = await self._call(
+                f"get elasticjob {namespace}/{name}",
+                lambda: self.custom.get_namespaced_custom_object(
+                    labels.GROUP,
+                    labels.VERSION,
+                    namespace,
+                    labels.PLURAL,
+                    name,
+                    _request_timeout=_TIMEOUT_S,
+                ),
+            )
+        except PermanentError as exc:
+            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+                return None
+            raise
+        return dict(obj)
+
+    async def patch_job_status(
+        self, namespace: str, name: str, resource_version: str, patch: Mapping[str, Any]
+    ) -> None:
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(patch)}
+        await self._call(
+            f"patch elasticjob {namespace}/{name} status",
+            lambda: self.custom.patch_namespaced_custom_object_status(
+                labels.GROUP,
+                labels.VERSION,
+                namespace,
+                labels.PLURAL,
+                name,
+                body,
+                _request_timeout=_TIMEOUT_S,
+            ),
+        )
+
+    async def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        body: Any = {"propagationPolicy": "Background", "preconditions": {"uid": uid}}
+        await self._ignore(
+            (404, 409),
+            f"delete elasticjob {namespace}/{name}",
+            lambda: self.custom.delete_namespaced_custom_object(
+                labels.GROUP,
+                labels.VERSION,
+                namespace,
+                labels.PLURAL,
+                name,
+                body=body,
+                _request_timeout=_TIMEOUT_S,
+            ),
+        )
+
+    # -- pods and services --------------------------------------------------------
+
+    async def _ignore(self, codes: tuple[int, ...], what: str, fn: Callable[[], Any]) -> bool:
+        """Run ``fn``; True if it took effect, False if it answered one of ``codes``."""
+        try:
+            await self._call(what, fn)
+        except (PermanentError, RetryableError) as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ApiException) and cause.status in codes:
+                return False
+            raise
+        return True
+
+    async def create_pod(self, manifest: Mapping[str, Any]) -> str | None:
+        """Create a pod; returns its UID, or None when it already exists (409)."""
+        ns = manifest["metadata"]["namespace"]
+        name = manifest["metadata"]["name"]
+        body: Any = dict(manifest)
+        try:
+            created = await self._call(
+                f"create pod {ns}/{name}",
+                lambda: self.core.create_namespaced_pod(ns, body, _request_timeout=_TIMEOUT_S),
+            )
+        except ConflictError:
+            return None
+        meta: Any = created.metadata
+        return str(meta.uid)
+
+    async def create_service(self, manifest: Mapping[str, Any]) -> bool:
+        ns = manifest["metadata"]["namespace"]
+        name = manifest["metadata"]["name"]
+        body: Any = dict(manifest)
+        return await self._ignore(
+            (409,),
+            f"create service {ns}/{name}",
+            lambda: self.core.create_namespaced_service(ns, body, _request_timeout=_TIMEOUT_S),
+        )
+
+    async def delete_pod(self, namespace: str, name: str, uid: str, *, force: bool) -> bool:
+        """Delete exactly the pod with ``uid`` (gracefully unless ``force``)."""
+        opts = client.V1DeleteOptions(
+            preconditions=client.V1Preconditions(uid=uid),
+            grace_period_seconds=0 if force else None,
+        )
+        return await self._ignore(
+            (404, 409),
+            f"delete pod {namespace}/{name}",
+            lambda: self.core.delete_namespaced_pod(
+                name, namespace, body=opts, _request_timeout=_TIMEOUT_S
+            ),
+        )
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = await self._call(
+            f"list pods {namespace} {selector}",
+            lambda: self.core.list_namespaced_pod(
+                namespace, label_selector=selector, _request_timeout=_TIMEOUT_S
+            ),
+        )
+        return [self._dict(p) for p in result.items]
+
+    # -- events -------------------------------------------------------------------
+
+    async def post_event(
+        self, job: Mapping[str, Any], etype: str, reason: str, message: str, now: dt.datetime
+    ) -> None:
+        meta = job["metadata"]
+        stamp = format_time(now)
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": labels.API_VERSION,
+                "kind": labels.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": etype,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": COMPONENT,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        await self._call(
+            f"post event {reason} on {meta['namespace']}/{meta['name']}",
+            lambda: self.core.create_namespaced_event(
+                meta["namespace"], body, _request_timeout=_TIMEOUT_S
+            ),
+        )

@@ -1,0 +1,140 @@
+"""What the operator observed about one job's children, as plain data.
+
+Where it sits: between the API and the planner. ``PodView.from_pod`` reduces
+a Pod object (dict) to the few facts the plan needs; ``Observed`` bundles
+one job's pods, Services, node health and agent reports at one instant.
+Pure: no API, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from torchflex_contract import labels
+from torchflex_contract.progress import AgentReport
+from torchflex_operator.spec import parse_time
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str
+    role: str
+    index: int | None = None
+    phase: str = "Pending"
+    ready: bool = False
+    node_name: str | None = None
+    pod_ip: str | None = None
+    created: dt.datetime | None = None
+    deletion: dt.datetime | None = None
+    grace_s: int = 30
+    exit_code: int | None = None
+    terminated_reason: str | None = None
+    message: str = ""
+    status_reason: str | None = None
+    disruption_reason: str | None = None
+    """Reason of a True ``DisruptionTarget`` condition, when present."""
+
+    @property
+    def terminating(self) -> bool:
+        return self.deletion is not None
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def active(self) -> bool:
+        """Counts toward the desired replicas: not leaving, not ended."""
+        return not self.terminating and not self.finished
+
+    @property
+    def running(self) -> bool:
+        return self.active and self.phase == "Running"
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> PodView:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        pod_labels = meta.get("labels") or {}
+        index: int | None = None
+        raw_index = pod_labels.get(labels.Label.REPLICA_INDEX)
+        if raw_index is not None:
+            try:
+                index = int(raw_index)
+            except ValueError:
+                index = None
+        ready = False
+        disruption: str | None = None
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "Ready" and cond.get("status") == "True":
+                ready = True
+            if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+                disruption = str(cond.get("reason") or "DisruptionTarget")
+        exit_code: int | None = None
+        term_reason: str | None = None
+        message = ""
+        statuses = status.get("containerStatuses") or []
+        chosen = next(
+            (cs for cs in statuses if cs.get("name") == labels.TRAINER_CONTAINER),
+            statuses[0] if statuses else None,
+        )
+        term = ((chosen or {}).get("state") or {}).get("terminated")
+        if term:
+            exit_code = int(term.get("exitCode", 0))
+            term_reason = term.get("reason")
+            message = str(term.get("message") or "")
+        grace = meta.get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = spec.get("terminationGracePeriodSeconds", 30)
+        return cls(
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            role=str(pod_labels.get(labels.Label.ROLE, "")),
+            index=index,
+            phase=str(status.get("phase") or "Pending"),
+            ready=ready,
+            node_name=spec.get("nodeName"),
+            pod_ip=status.get("podIP"),
+            created=parse_time(meta.get("creationTimestamp")),
+            deletion=parse_time(meta.get("deletionTimestamp")),
+            grace_s=int(grace if grace is not None else 30),
+            exit_code=exit_code,
+            terminated_reason=term_reason,
+            message=message,
+            status_reason=status.get("reason"),
+            disruption_reason=disruption,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """One job's world at one instant, as the planner sees it."""
+
+    pods: tuple[PodView, ...] = ()
+    services: frozenset[str] = frozenset()
+    node_ready: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    """Known nodes and whether they are Ready; a missing key means the node is gone."""
+    nodes_known: bool = False
+    """False when node health was not observed (then node loss is never assumed)."""
+    reports: Mapping[str, AgentReport] = dataclasses.field(default_factory=dict)
+    """Latest agent report per pod name (termination message or ``GET /status``)."""
+
+    def workers(self) -> list[PodView]:
+        return sorted(
+            (p for p in self.pods if p.role == labels.Role.WORKER and p.index is not None),
+            key=lambda p: (p.index or 0, p.name),
+        )
+
+    def role(self, role: labels.Role) -> list[PodView]:
+        return [p for p in self.pods if p.role == role]
+
+    def node_lost(self, pod: PodView) -> bool:
+        """The pod's node is gone or NotReady (only when nodes were observed)."""
+        if not self.nodes_known or not pod.node_name:
+            return False
+        return not self.node_ready.get(pod.node_name, False)

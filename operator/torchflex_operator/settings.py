@@ -1,0 +1,26 @@
+"""Operator-wide tunables (from CLI flags), shared by planner and builders.
+
+Where it sits: built once by ``cli`` (or a test) and passed down; pure data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    agent_command: str = "torchflex-agent"
+    """Entrypoint the trainer command is wrapped with (must be on the image's PATH)."""
+    etcd_image: str = "quay.io/coreos/etcd:v3.6.5"
+    etcd_command: str = "etcd"
+    node_loss_toleration_s: int = 30
+    """tolerationSeconds injected for not-ready/unreachable taints (template wins)."""
+    force_delete_after_s: float = 30.0
+    """Extra wait after a pod's grace period before force-deleting it from a lost node."""
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
+    resync_s: float = 30.0
+    """Idle requeue of a live job (agent reports, timers)."""
+    accounted_pods_kept: int = 64
+    """How many handled failed-pod UIDs status remembers (must exceed maxReplicas' churn)."""

@@ -1,0 +1,145 @@
+"""Typed, defaulted view of an ElasticJob's ``spec`` and ``status``.
+
+Where it sits: the pure layer's entry point. ``JobSpec.parse`` turns the raw
+object (a dict from the API) into frozen dataclasses the planner and pod
+builders read; the CRD schema applies the same defaults server-side, these
+are the fallbacks for objects created before a default existed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from torchflex_contract import env
+from torchflex_operator.errors import InvalidSpecError
+
+DEFAULT_BACKOFF_LIMIT = 6
+DEFAULT_MAX_RESTARTS = 3
+DEFAULT_MIN_AVAILABLE_TIMEOUT_S = 600
+DEFAULT_JOIN_TIMEOUT_S = int(env.DEFAULT_JOIN_TIMEOUT_S)
+DEFAULT_LAST_CALL_S = env.DEFAULT_LAST_CALL_S
+
+
+class Backend(enum.StrEnum):
+    C10D = "c10d"
+    ETCD = "etcd"
+
+
+class CleanPodPolicy(enum.StrEnum):
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendezvous:
+    backend: Backend = Backend.C10D
+    endpoint: str | None = None
+    tls_secret_name: str | None = None
+    join_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S
+    last_call_s: float = DEFAULT_LAST_CALL_S
+    managed_etcd: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    name: str
+    namespace: str
+    uid: str
+    min_replicas: int
+    max_replicas: int
+    replicas: int | None
+    nproc_per_node: str
+    rendezvous: Rendezvous
+    max_restarts: int
+    backoff_limit: int
+    min_available_timeout_s: int
+    template: Mapping[str, Any]
+    suspend: bool = False
+    ttl_seconds_after_finished: int | None = None
+    active_deadline_s: int | None = None
+    clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
+    generation: int = 0
+    deleting: bool = False
+
+    @property
+    def desired(self) -> int:
+        """``spec.replicas`` clamped to ``[min, max]``; absent means ``max``."""
+        wanted = self.max_replicas if self.replicas is None else self.replicas
+        return max(self.min_replicas, min(self.max_replicas, wanted))
+
+    @property
+    def rdzv_id(self) -> str:
+        """Unique per job incarnation: a re-created job never joins old state."""
+        return f"{self.namespace}-{self.name}-{self.uid[:8]}"
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> JobSpec:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        try:
+            min_r = int(spec.get("minReplicas", 1))
+            max_r = int(spec.get("maxReplicas", min_r))
+            replicas = spec.get("replicas")
+            rdzv_raw = spec.get("rendezvous") or {}
+            backend = Backend(rdzv_raw.get("backend", Backend.C10D))
+            rdzv = Rendezvous(
+                backend=backend,
+                endpoint=rdzv_raw.get("endpoint"),
+                tls_secret_name=rdzv_raw.get("tlsSecretName"),
+                join_timeout_s=int(rdzv_raw.get("joinTimeoutSeconds", DEFAULT_JOIN_TIMEOUT_S)),
+                last_call_s=float(rdzv_raw.get("lastCallSeconds", DEFAULT_LAST_CALL_S)),
+                managed_etcd=bool(rdzv_raw.get("managedEtcd", False)),
+            )
+            ttl = spec.get("ttlSecondsAfterFinished")
+            deadline = spec.get("activeDeadlineSeconds")
+            job = cls(
+                name=str(meta["name"]),
+                namespace=str(meta.get("namespace", "default")),
+                uid=str(meta.get("uid", "")),
+                min_replicas=min_r,
+                max_replicas=max_r,
+                replicas=None if replicas is None else int(replicas),
+                nproc_per_node=str(spec.get("nprocPerNode", "auto")),
+                rendezvous=rdzv,
+                max_restarts=int(spec.get("maxRestarts", DEFAULT_MAX_RESTARTS)),
+                backoff_limit=int(spec.get("backoffLimit", DEFAULT_BACKOFF_LIMIT)),
+                min_available_timeout_s=int(
+                    spec.get("minAvailableTimeoutSeconds", DEFAULT_MIN_AVAILABLE_TIMEOUT_S)
+                ),
+                template=spec.get("template") or {},
+                suspend=bool(spec.get("suspend", False)),
+                ttl_seconds_after_finished=None if ttl is None else int(ttl),
+                active_deadline_s=None if deadline is None else int(deadline),
+                clean_pod_policy=CleanPodPolicy(spec.get("cleanPodPolicy", "Running")),
+                generation=int(meta.get("generation", 0)),
+                deleting=bool(meta.get("deletionTimestamp")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc
+        if job.min_replicas < 1 or job.max_replicas < job.min_replicas:
+            raise InvalidSpecError("need 1 <= spec.minReplicas <= spec.maxReplicas")
+        if job.rendezvous.backend is Backend.ETCD and not (
+            job.rendezvous.endpoint or job.rendezvous.managed_etcd
+        ):
+            raise InvalidSpecError("spec.rendezvous.endpoint is required for backend etcd")
+        return job
+
+
+def parse_time(value: object) -> dt.datetime | None:
+    """RFC 3339 from the API (``2024-01-01T00:00:00Z``) to an aware datetime."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def format_time(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

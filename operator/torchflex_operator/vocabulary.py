@@ -1,0 +1,91 @@
+"""The closed vocabulary of ElasticJob status: phases, condition types and
+reasons, and Kubernetes Event reasons.
+
+Where it sits: the planner writes only these values; docs/api.md documents
+them; nothing else in the operator spells a phase, condition or reason as a
+bare string.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Phase(enum.StrEnum):
+    """``status.phase``: one word for where the job is."""
+
+    PENDING = "Pending"
+    """Started, fewer than ``minReplicas`` workers running yet."""
+    RUNNING = "Running"
+    """At least ``minReplicas`` workers running."""
+    RESTARTING = "Restarting"
+    """Was running, fell below ``minReplicas``; waiting for replacements."""
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class ConditionType(enum.StrEnum):
+    """``status.conditions[].type``."""
+
+    MIN_AVAILABLE = "MinAvailable"
+    """True while at least ``minReplicas`` workers are running."""
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Reason(enum.StrEnum):
+    """``status.conditions[].reason`` and ``status.lastFailure.reason``."""
+
+    # MinAvailable
+    MIN_REPLICAS_RUNNING = "MinReplicasRunning"
+    BELOW_MIN_REPLICAS = "BelowMinReplicas"
+    # Suspended
+    SUSPENDED_BY_USER = "SuspendedByUser"
+    RESUMED = "Resumed"
+    # Succeeded
+    WORKER_GROUP_SUCCEEDED = "WorkerGroupSucceeded"
+    # Failed
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    MIN_AVAILABLE_TIMEOUT = "MinAvailableTimeout"
+    # lastFailure.reason: why a worker pod ended (see failures.py)
+    USER_ERROR = "UserError"
+    INFRA_ERROR = "InfraError"
+    OOM_KILLED = "OOMKilled"
+    PREEMPTED = "Preempted"
+    EVICTED = "Evicted"
+    NODE_LOST = "NodeLost"
+    POD_DELETED = "PodDeleted"
+
+
+class EventReason(enum.StrEnum):
+    """``reason`` of the Kubernetes Events the operator posts on the job."""
+
+    CREATED_POD = "CreatedPod"
+    SCALED_UP = "ScaledUp"
+    SCALED_DOWN = "ScaledDown"
+    REPLACED_POD = "ReplacedPod"
+    POD_FAILED = "PodFailed"
+    PREEMPTED = "Preempted"
+    NODE_LOST = "NodeLost"
+    FORCE_DELETED = "ForceDeletedPod"
+    BACKING_OFF = "BackingOff"
+    STORE_CREATED = "StoreCreated"
+    RENDEZVOUS_HOST_LOST = "RendezvousHostLost"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CLEANED_UP = "CleanedUp"
+    TTL_EXPIRED = "TTLExpired"
+
+
+class EventType(enum.StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"

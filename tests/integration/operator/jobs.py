@@ -1,0 +1,91 @@
+"""ElasticJob manifests and readers for the operator's integration tests."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from e2e.cluster import Cluster
+from torchflex_contract import labels
+
+KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+SLEEP = ["python", "-c", "import time; time.sleep(300)"]
+
+
+def kwok_job(name: str, **spec: Any) -> dict[str, Any]:
+    """Pods on kwok's fake nodes: they run without processes."""
+    pod_spec = {
+        "nodeSelector": {"type": "kwok"},
+        "tolerations": [KWOK_TOLERATION],
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "trainer", "image": "fake", "command": SLEEP}],
+    }
+    return _job(name, pod_spec, spec)
+
+
+def process_job(name: str, node: str, command: list[str], **spec: Any) -> dict[str, Any]:
+    """Pods on the process node: the command really runs."""
+    pod_spec = {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "terminationGracePeriodSeconds": 2,
+        "containers": [{"name": "trainer", "image": "local", "command": command}],
+    }
+    spec.setdefault("rendezvous", {"backend": "etcd", "endpoint": "http://127.0.0.1:2379"})
+    return _job(name, pod_spec, spec)
+
+
+def _job(name: str, pod_spec: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.KIND,
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": pod_spec}, **spec},
+    }
+
+
+def apply(cluster: Cluster, namespace: str, job: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(job))
+
+
+def get_job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return cluster.get_json("elasticjob", name, "-n", namespace)
+
+
+def pods(cluster: Cluster, namespace: str, name: str, role: str = "worker") -> list[dict[str, Any]]:
+    out = cluster.kubectl(
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-o",
+        "json",
+        "-l",
+        f"{labels.Label.JOB_NAME}={name},{labels.Label.ROLE}={role}",
+    )
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
+def live_workers(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
+    """Worker pod name -> uid, for pods not being deleted."""
+    return {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in pods(cluster, namespace, name)
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def events(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    out = cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "-o",
+        "json",
+        "--field-selector",
+        f"involvedObject.name={name},involvedObject.kind={labels.KIND}",
+    )
+    return [e["reason"] for e in json.loads(out.stdout)["items"]]

@@ -1,0 +1,74 @@
+"""Builders of ElasticJob objects and pod views for the operator's unit tests."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from torchflex_contract import labels
+from torchflex_contract.labels import Role
+from torchflex_operator.observed import Observed, PodView
+from torchflex_operator.spec import JobSpec
+
+NOW = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+NAME = "demo"
+NS = "ns"
+
+
+def job_obj(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "template": {
+            "spec": {
+                "containers": [
+                    {"name": "trainer", "image": "img", "command": ["python", "train.py"]}
+                ]
+            }
+        },
+    }
+    base.update(spec)
+    return {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.KIND,
+        "metadata": {"name": NAME, "namespace": NS, "uid": "0123456789abcdef", "generation": 1},
+        "spec": base,
+    }
+
+
+def job(**spec: Any) -> JobSpec:
+    return JobSpec.parse(job_obj(**spec))
+
+
+def worker(index: int, phase: str = "Running", **kw: Any) -> PodView:
+    ready = kw.pop("ready", phase == "Running")
+    return PodView(
+        name=labels.worker_pod_name(NAME, index),
+        uid=kw.pop("uid", f"uid-{index}"),
+        role=Role.WORKER,
+        index=index,
+        phase=phase,
+        ready=ready,
+        node_name=kw.pop("node_name", "node-a"),
+        **kw,
+    )
+
+
+def store(phase: str = "Running", **kw: Any) -> PodView:
+    return PodView(
+        name=labels.store_pod_name(NAME), uid="uid-store", role=Role.STORE, phase=phase, **kw
+    )
+
+
+ALL_SERVICES = frozenset({labels.workers_service_name(NAME), labels.store_service_name(NAME)})
+
+
+def observed(*pods: PodView, **kw: Any) -> Observed:
+    kw.setdefault("services", ALL_SERVICES)
+    if not any(p.role == Role.STORE for p in pods):
+        pods = (*pods, store())
+    return Observed(pods=tuple(pods), **kw)
+
+
+def ago(seconds: float) -> str:
+    return (NOW - dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,108 @@
+"""Expectations, the watch cache, the work queue, status patches and the CLI flags."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+import pytest
+
+from tests.unit.operator.factories import NOW, worker
+from torchflex_contract import labels
+from torchflex_operator.cache import NodeCache, OwnedCache
+from torchflex_operator.cli import parser
+from torchflex_operator.expectations import TIMEOUT, Expectations
+from torchflex_operator.reconciler import status_patch
+from torchflex_operator.workqueue import WorkQueue
+
+JOB = "ns/demo"
+
+
+def test_created_pod_is_seen_until_cache_catches_up() -> None:
+    exp = Expectations()
+    exp.expect_created(JOB, worker(1, "Pending", uid="new"), NOW)
+    assert [p.name for p in exp.overlay(JOB, [], NOW)] == [labels.worker_pod_name("demo", 1)]
+    assert [p.uid for p in exp.overlay(JOB, [worker(1, uid="new")], NOW)] == ["new"]
+    assert exp.pending(JOB) == 0
+
+
+def test_deleted_pod_looks_terminating_until_cache_catches_up() -> None:
+    exp = Expectations()
+    exp.expect_deleted(JOB, "uid-0", NOW, forced=False)
+    (view,) = exp.overlay(JOB, [worker(0)], NOW)
+    assert view.terminating
+    assert exp.overlay(JOB, [], NOW) == []
+    assert exp.pending(JOB) == 0
+
+
+def test_expectations_expire() -> None:
+    exp = Expectations()
+    exp.expect_created(JOB, worker(1, "Pending", uid="new"), NOW)
+    assert exp.overlay(JOB, [], NOW + TIMEOUT + dt.timedelta(seconds=1)) == []
+
+
+def pod_obj(name: str, uid: str, job: str = "demo") -> dict[str, object]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": uid,
+            "labels": {labels.Label.JOB_NAME: job, labels.Label.ROLE: "worker"},
+        },
+        "spec": {"nodeName": "n1"},
+    }
+
+
+def test_cache_tracks_pods_by_job_and_ignores_stale_delete() -> None:
+    cache = OwnedCache()
+    key = cache.update_pod("ADDED", pod_obj("demo-worker-0", "a"))
+    assert key == ("ns", "demo")
+    cache.update_pod("ADDED", pod_obj("demo-worker-0", "b"))  # recreated under same name
+    cache.update_pod("DELETED", pod_obj("demo-worker-0", "a"))  # late delete of the old one
+    assert [p.uid for p in cache.job_pods(key)] == ["b"]
+    assert cache.jobs_on_node("n1") == {key}
+    assert cache.update_pod("ADDED", {"metadata": {"name": "x"}}) is None
+
+
+def test_node_cache() -> None:
+    nodes = NodeCache()
+    ready = {
+        "metadata": {"name": "n"},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert nodes.update(None, ready) == ("n", True)
+    assert nodes.update("MODIFIED", ready) == ("n", False)
+    assert nodes.update("DELETED", ready) == ("n", True)
+    assert nodes.ready == {}
+
+
+def test_status_patch_nulls_removed_keys() -> None:
+    old = {"phase": "Running", "belowMinSince": "x", "replicas": 2}
+    new = {"phase": "Running", "replicas": 3}
+    assert status_patch(old, new) == {"replicas": 3, "belowMinSince": None}
+
+
+def test_workqueue_dedupes_and_delays() -> None:
+    async def scenario() -> list[str]:
+        q: WorkQueue[str] = WorkQueue()
+        q.add("a", 0.05)
+        q.add("a")  # an earlier add wins
+        q.add("b", 10)
+        first = await asyncio.wait_for(q.get(), 1)
+        q.add("a")  # re-added while active: runs again after done()
+        assert len(q) == 1  # only "b" is waiting
+        q.done(first)
+        second = await asyncio.wait_for(q.get(), 1)
+        q.done(second)
+        return [first, second]
+
+    assert asyncio.run(scenario()) == ["a", "a"]
+
+
+def test_cli_flags() -> None:
+    args = parser().parse_args(["-n", "a", "-n", "b", "--log-format", "json", "--standalone"])
+    assert args.namespace == ["a", "b"] and args.log_format == "json"
+    for bad in (["-n", "a", "-A"], ["--log-format", "xml"], ["--peering", "p", "--standalone"]):
+        with pytest.raises(SystemExit) as exc:
+            parser().parse_args(bad)
+        assert exc.value.code == 2
