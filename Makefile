@@ -48,4 +48,4 @@ bench: venv toolchain ## every benchmark; writes benchmarks/RESULTS.md
 	@$(PY) -m benchmarks
 
 clean: ## remove local state (not the caches)
-	rm -rf .cluster .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .cluster .cluster-* .pytest_cache .mypy_cache .ruff_cache

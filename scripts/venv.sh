@@ -18,7 +18,7 @@ if [[ ! -x "$venv/.ready" ]]; then
   rm -rf "$venv"
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q -c constraints.txt -e ".[operator,agent,dev]"
+  "$venv/bin/pip" install -q -c constraints.txt -e ".[operator,agent,dev,bench]"
   printf '#!/bin/sh\nexit 0\n' > "$venv/.ready" && chmod +x "$venv/.ready"
 else
   "$venv/bin/pip" install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1

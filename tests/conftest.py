@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import Cluster, ensure_up, tear_down
-from e2e.cluster.layout import REPO_ROOT
+from e2e.cluster.layout import state_dir
 from tests.support import wait_for
 
 
@@ -27,7 +27,7 @@ def cluster() -> Iterator[Cluster]:
     if given:
         yield Cluster.from_kubeconfig(Path(given))
         return
-    root = REPO_ROOT / ".cluster"
+    root = state_dir()  # .cluster/ or .cluster-N/ for TORCHFLEX_CLUSTER_SLOT=N
     was_up = (root / "cluster.json").exists()
     handle = ensure_up(root)
     try:

@@ -55,4 +55,10 @@ def disposition(code: int) -> Disposition:
         return Disposition.RETRYABLE_FREE
     if code == ExitCode.INFRA_ERROR:
         return Disposition.RETRYABLE_COUNTED
+    if code > SIGNAL_BASE:
+        # The agent itself was killed (SIGKILL, SIGABRT, SIGSEGV, ...): the
+        # agent never exits with these on its own, so it is the platform or a
+        # crash, not the user's code (that surfaces as USER_ERROR). Counted,
+        # so a crash loop still ends at backoffLimit.
+        return Disposition.RETRYABLE_COUNTED
     return Disposition.PERMANENT

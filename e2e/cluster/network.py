@@ -12,7 +12,13 @@ import hashlib
 import ipaddress
 import subprocess
 
-from e2e.cluster.layout import BRIDGE, GATEWAY_IP, POD_PREFIX_LEN, POD_SUBNET_PREFIX
+from e2e.cluster.layout import (
+    BRIDGE,
+    GATEWAY_IP,
+    NETNS_PREFIX,
+    POD_PREFIX_LEN,
+    POD_SUBNET_PREFIX,
+)
 
 
 class NetworkError(RuntimeError):
@@ -43,7 +49,7 @@ def delete_bridge() -> None:
 
 
 def netns_name(pod_uid: str) -> str:
-    return f"tfpod-{pod_uid[:13]}"
+    return f"{NETNS_PREFIX}{pod_uid[:13]}"
 
 
 def _veth_name(pod_uid: str) -> str:
@@ -83,4 +89,4 @@ def delete_netns(name: str) -> None:
 
 def list_pod_netns() -> list[str]:
     out = _ip("netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith("tfpod-")]
+    return [line.split()[0] for line in out.splitlines() if line.startswith(NETNS_PREFIX)]

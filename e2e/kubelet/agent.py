@@ -24,7 +24,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from e2e.cluster import network
-from e2e.cluster.layout import GATEWAY_IP, PROCESS_NODE_LABEL
+from e2e.cluster.layout import GATEWAY_IP, PROCESS_NODE_IP_PREFIX, PROCESS_NODE_LABEL
 from e2e.kubelet import podspec, sandbox, status, volumes
 from e2e.kubelet.nodes import NodeHeartbeat
 
@@ -62,7 +62,7 @@ class Kubelet(volumes.Fetcher):
     ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
-        self.nodes = {n: f"127.10.0.{i + 1}" for i, n in enumerate(nodes)}
+        self.nodes = {n: f"{PROCESS_NODE_IP_PREFIX}.{i + 1}" for i, n in enumerate(nodes)}
         self.state_dir = state_dir
         self.api_port = api_port
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()

@@ -22,3 +22,51 @@ def test_import_operator_from_repo_root_is_the_stdlib() -> None:
     assert attrgetter == "attrgetter"
     assert not (REPO_ROOT / "operator" / "__init__.py").exists()
     assert not (REPO_ROOT / "agent" / "__init__.py").exists()
+
+
+def _layout_in_slot(slot: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "from e2e.cluster import layout as l;"
+        "print(l.BRIDGE, l.GATEWAY_IP, l.SERVICE_CIDR, l.KWOK_POD_CIDR, l.KWOK_NODE_IP,"
+        " l.PROCESS_NODE_IP_PREFIX, l.NETNS_PREFIX, l.state_dir().name)"
+    )
+    env = {"PATH": "/usr/bin:/bin", "TORCHFLEX_CLUSTER_SLOT": slot}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+
+
+def test_cluster_slots_never_share_addresses_or_state() -> None:
+    seen: list[list[str]] = []
+    for slot in ("0", "1", "7"):
+        out = _layout_in_slot(slot)
+        assert out.returncode == 0, out.stderr
+        seen.append(out.stdout.split())
+    assert seen[0] == [
+        "tfbr0",
+        "10.213.0.1",
+        "10.214.0.0/16",
+        "127.64.0.1/16",
+        "127.63.0.1",
+        "127.10.0",
+        "tfpod0-",
+        ".cluster",
+    ]
+    assert seen[1][0] == "tfbr1" and seen[1][-1] == ".cluster-1"
+    for column in zip(*seen, strict=True):
+        assert len(set(column)) == len(column), column
+    # No slot's pod range overlaps another slot's service range.
+    pod_ranges = {row[1].rsplit(".", 2)[0] for row in seen}
+    svc_ranges = {row[2].rsplit(".", 2)[0] for row in seen}
+    assert not pod_ranges & svc_ranges
+
+
+def test_bad_cluster_slot_is_refused_with_the_variable_name() -> None:
+    out = _layout_in_slot("9")
+    assert out.returncode != 0
+    assert "TORCHFLEX_CLUSTER_SLOT must be an integer 0-7" in out.stderr

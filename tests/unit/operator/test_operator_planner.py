@@ -178,7 +178,7 @@ def failed(index: int, code: int | None, **kw: Any) -> PodView:
     [
         (failed(1, ExitCode.USER_ERROR), Reason.USER_ERROR, True),
         (failed(1, ExitCode.USAGE), Reason.USER_ERROR, True),
-        (failed(1, SIGKILL_EXIT), Reason.USER_ERROR, True),
+        (failed(1, SIGKILL_EXIT), Reason.INFRA_ERROR, True),
         (failed(1, ExitCode.INFRA_ERROR), Reason.INFRA_ERROR, True),
         (failed(1, 137, terminated_reason="OOMKilled"), Reason.OOM_KILLED, True),
         (failed(1, ExitCode.PREEMPTED), Reason.PREEMPTED, False),

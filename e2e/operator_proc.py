@@ -1,0 +1,150 @@
+"""The real operator as a separate process, and the real processes behind a pod.
+
+Where it sits: the e2e scenarios and ``make demo`` run ``torchflex-operator``
+exactly as a user would (its console script, its flags, a kubeconfig), so
+killing and restarting it is a real SIGKILL of a real process. They also
+need the processes a pod runs on the process kubelet (to SIGKILL an agent
+like a node death would): :func:`pod_processes` finds them by the pod
+identity the operator injects into their environment. Only processes this
+harness started are ever signalled, always by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from e2e.cluster.layout import REPO_ROOT
+from torchflex_contract import env as contract_env
+
+OPERATOR_BIN = REPO_ROOT / ".venv" / "bin" / "torchflex-operator"
+
+
+class OperatorProcess:
+    """``torchflex-operator`` watching some namespaces, logging to a file."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespaces: Sequence[str],
+        log_path: Path,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespaces = list(namespaces)
+        self.log_path = log_path
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        out = [str(OPERATOR_BIN), "--standalone", "--metrics-port", "0", "--health-port", "0"]
+        for ns in self.namespaces:
+            out += ["--namespace", ns]
+        # Short backoff so the scenarios' replacements are prompt; the
+        # defaults are for production clusters.
+        out += ["--backoff-base", "0.5", "--backoff-cap", "5", "--force-delete-after", "5"]
+        return out + self.extra_args
+
+    def start(self) -> OperatorProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv(),
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye (a crashed or evicted operator)."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def __enter__(self) -> OperatorProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def processes_with_env(wanted: dict[str, str]) -> list[int]:
+    """PIDs of every process whose environment holds all of ``wanted``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        found = _environ(int(entry.name))
+        if all(found.get(k) == v for k, v in wanted.items()):
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def pod_processes(namespace: str, pod: str) -> list[int]:
+    """PIDs of every process a pod runs here (its agent and the agent's workers).
+
+    The operator injects the pod's namespace and name into the trainer's
+    environment; the process kubelet runs it, and workers inherit it.
+    """
+    return processes_with_env({contract_env.POD_NAME: pod, contract_env.NAMESPACE: namespace})
+
+
+def sigkill_pod_processes(namespace: str, pod: str) -> list[int]:
+    """SIGKILL a pod's agent and workers at once, like a machine dying."""
+    pids = pod_processes(namespace, pod)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def wait_gone(pids: Sequence[int], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False

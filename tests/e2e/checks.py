@@ -1,0 +1,114 @@
+"""Bounded waits and assertions shared by the e2e scenarios.
+
+Where it sits: small helpers over ``e2e.workload`` (the API side) and
+``e2e.trainlog`` (what the workers did), so each scenario reads as its story.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e.cluster import Cluster
+from e2e.trainlog import LogFollower, progress_violations
+from e2e.workload import get_job, job_events
+from tests.support import wait_for
+
+
+def phase(cluster: Cluster, ns: str, name: str) -> str:
+    status: dict[str, Any] = get_job(cluster, ns, name).get("status") or {}
+    return str(status.get("phase", ""))
+
+
+def wait_phase(cluster: Cluster, ns: str, name: str, want: str, timeout_s: float) -> None:
+    wait_for(lambda: phase(cluster, ns, name) == want, timeout_s, f"job {name} phase {want}", 0.5)
+
+
+def wait_training(
+    follower: LogFollower, past_step: int, timeout_s: float, world: int | None = None
+) -> float:
+    """Wait until some worker logged a step > ``past_step`` (in a group of ``world``);
+    returns when it was seen (monotonic)."""
+
+    def seen() -> float | None:
+        for line in follower.lines("step"):
+            if line.step > past_step and (world is None or line.world == world):
+                return line.seen
+        return None
+
+    what = f"a step after {past_step}" + (f" with world size {world}" if world else "")
+    wait_for(lambda: seen() is not None, timeout_s, what, 0.2)
+    found = seen()
+    assert found is not None
+    return found
+
+
+def wait_world(
+    follower: LogFollower, world: int, after: float, timeout_s: float, min_round: int = -1
+) -> float:
+    """Wait for a step of a group of ``world`` seen after ``after`` in a round
+    >= ``min_round`` (lines of an older round may still arrive); returns its time."""
+
+    def seen() -> float | None:
+        times = [
+            ln.seen
+            for ln in follower.lines("step")
+            if ln.world == world and ln.seen > after and ln.round >= min_round
+        ]
+        return min(times) if times else None
+
+    wait_for(lambda: seen() is not None, timeout_s, f"training at world size {world}", 0.2)
+    found = seen()
+    assert found is not None
+    return found
+
+
+def current_round(follower: LogFollower) -> int:
+    return max((ln.round for ln in follower.lines("step")), default=-1)
+
+
+def wait_reformed(follower: LogFollower, after_round: int, timeout_s: float) -> tuple[float, int]:
+    """Wait for a step of a round later than ``after_round``; returns (seen, world size).
+
+    Which size the group re-forms at depends on timing: if the operator's
+    replacement joins within the last-call window, straight back to full size.
+    """
+
+    def first() -> tuple[float, int] | None:
+        later = [ln for ln in follower.lines("step") if ln.round > after_round]
+        if not later:
+            return None
+        line = min(later, key=lambda ln: ln.seen)
+        return line.seen, line.world
+
+    wait_for(lambda: first() is not None, timeout_s, f"training in a round after {after_round}")
+    found = first()
+    assert found is not None
+    return found
+
+
+def assert_progress_sound(follower: LogFollower) -> None:
+    follower.poll()
+    problems = progress_violations(follower.lines())
+    assert not problems, "\n".join(problems)
+
+
+def event_reasons(cluster: Cluster, ns: str, name: str) -> list[str]:
+    return [str(e.get("reason")) for e in job_events(cluster, ns, name)]
+
+
+def checkpoint_step(ckpt_dir: Path) -> int:
+    """The step the newest checkpoint holds (0 if none), read with torch like the job does."""
+    import torch
+
+    path = ckpt_dir / "latest.pt"
+    if not path.exists():
+        return 0
+    state = torch.load(path, weights_only=True)
+    return int(state["step"])
+
+
+def settle(seconds: float) -> None:
+    """Let the system act (only where a scenario must show that nothing happens)."""
+    time.sleep(seconds)

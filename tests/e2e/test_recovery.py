@@ -1,0 +1,261 @@
+"""Scenarios 2, 5, 6: a worker pod's agent dies, the rendezvous host dies, the operator dies.
+
+Each one kills a real process with SIGKILL mid-training and checks, from
+the workers' own logs and checkpoints, that training went on without going
+back past the last checkpoint and without two groups training at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import yaml
+
+from e2e.cluster import Cluster
+from e2e.operator_proc import (
+    OperatorProcess,
+    processes_with_env,
+    sigkill_pod_processes,
+    wait_gone,
+)
+from e2e.trainlog import LogFollower
+from e2e.workload import TrainingJob, apply, get_job, worker_pods
+from tests.e2e.checks import (
+    assert_progress_sound,
+    checkpoint_step,
+    current_round,
+    event_reasons,
+    wait_phase,
+    wait_reformed,
+    wait_training,
+    wait_world,
+)
+from tests.support import wait_for
+
+
+def test_sigkilled_agent_survivors_reform_and_group_grows_back(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    job = TrainingJob("kill", ckpt_dir, min_replicas=2, max_replicas=3, steps=150)
+    apply(cluster, namespace, job.manifest())
+    wait_training(follower, 20, 240, world=3)
+
+    victim = "kill-worker-1"
+    old_uid = {
+        p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(cluster, namespace, "kill")
+    }[victim]
+    round_at_kill = current_round(follower)
+    pids = sigkill_pod_processes(namespace, victim)
+    t_kill = time.monotonic()
+    assert pids, f"no processes found for {victim}"
+    assert wait_gone(pids), "killed processes still alive"
+
+    # Survivors re-form without the dead pod's agent and keep training ...
+    seen, world = wait_reformed(follower, round_at_kill, 90)
+    assert seen > t_kill and world in (2, 3)
+    # ... the operator replaces the pod (a new UID at the same index) ...
+    wait_for(
+        lambda: any(
+            p["metadata"]["name"] == victim
+            and p["metadata"]["uid"] != old_uid
+            and p.get("status", {}).get("phase") == "Running"
+            for p in worker_pods(cluster, namespace, "kill")
+        ),
+        120,
+        f"{victim} replaced and running",
+    )
+    # ... and the group grows back to 3 and finishes.
+    wait_world(follower, 3, t_kill, 180, min_round=round_at_kill + 1)
+    wait_phase(cluster, namespace, "kill", "Succeeded", 300)
+
+    assert_progress_sound(follower)
+    assert checkpoint_step(ckpt_dir) == 150
+    status = get_job(cluster, namespace, "kill")["status"]
+    assert status["replacements"] >= 1
+    assert status["lastFailure"]["pod"] == victim
+    assert "ReplacedPod" in event_reasons(cluster, namespace, "kill")
+
+
+def test_store_pod_killed_is_recreated_and_training_resumes(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    job = TrainingJob("store", ckpt_dir, min_replicas=2, max_replicas=2, steps=150)
+    apply(cluster, namespace, job.manifest())
+    wait_training(follower, 20, 240, world=2)
+
+    store = cluster.get_json("pod", "store-store", "-n", namespace)
+    cluster.kubectl("delete", "pod", "store-store", "-n", namespace, "--grace-period=0", "--force")
+    t_kill = time.monotonic()
+    wait_for(
+        lambda: (
+            (
+                p := cluster.kubectl(
+                    "get",
+                    "pod",
+                    "store-store",
+                    "-n",
+                    namespace,
+                    "-o",
+                    "jsonpath={.metadata.uid} {.status.phase}",
+                    check=False,
+                ).stdout.split()
+            )
+            and p[0] != store["metadata"]["uid"]
+            and p[-1] == "Running"
+        ),
+        120,
+        "the store pod recreated and running",
+    )
+    ckpt_before = checkpoint_step(ckpt_dir)
+    # The agents re-rendezvous on the new store and training resumes.
+    resumed_at = wait_training(follower, max(ckpt_before, 1), 180, world=2)
+    assert resumed_at > t_kill
+    wait_phase(cluster, namespace, "store", "Succeeded", 300)
+    assert checkpoint_step(ckpt_dir) == 150
+    assert "RendezvousHostLost" in event_reasons(cluster, namespace, "store")
+    resumed = [ln.step for ln in follower.lines("resumed") if ln.seen > t_kill]
+    assert resumed and min(resumed) >= 10, f"resumed from {resumed} after the store loss"
+
+
+def test_etcd_restart_mid_job_training_resumes(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    etcd_bin = cluster.bin_dir / "etcd"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "etcd", "labels": {"app": "rdzv-etcd"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": "tf-node-0"},
+            "hostname": "etcd",
+            "restartPolicy": "Always",
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{
+                "name": "etcd",
+                "image": "etcd:local",
+                "command": [
+                    str(etcd_bin), "--data-dir", "/data",
+                    "--listen-client-urls", "http://0.0.0.0:2379",
+                    "--advertise-client-urls", "http://etcd-rdzv:2379",
+                    "--listen-peer-urls", "http://127.0.0.1:2380",
+                ],
+                "env": [{"name": "E2E_ETCD", "value": namespace}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+        },
+    }  # fmt: skip
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "etcd-rdzv"},
+        "spec": {"clusterIP": "None", "selector": {"app": "rdzv-etcd"},
+                 "ports": [{"port": 2379}]},
+    }  # fmt: skip
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all([pod, svc]))
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "get",
+                "pod",
+                "etcd",
+                "-n",
+                namespace,
+                "-o",
+                "jsonpath={.status.phase}",
+                check=False,
+            ).stdout
+            == "Running"
+        ),
+        60,
+        "etcd pod running",
+    )
+    job = TrainingJob(
+        "etcdjob",
+        ckpt_dir,
+        min_replicas=2,
+        max_replicas=2,
+        steps=150,
+        backend="etcd",
+        etcd_endpoint=f"http://etcd-rdzv.{namespace}:2379",
+    )
+    apply(cluster, namespace, job.manifest())
+    wait_training(follower, 20, 240, world=2)
+
+    # SIGKILL the etcd server; the process kubelet restarts the container
+    # (restartPolicy Always) on the same data directory.
+    etcd_pids = processes_with_env({"E2E_ETCD": namespace})
+    assert etcd_pids, "etcd process not found"
+    for pid in etcd_pids:
+        os.kill(pid, signal.SIGKILL)
+    t_kill = time.monotonic()
+    wait_for(
+        lambda: (
+            cluster.get_json("pod", "etcd", "-n", namespace)["status"]
+            .get("containerStatuses", [{}])[0]
+            .get("restartCount", 0)
+            >= 1
+        ),
+        60,
+        "etcd container restarted",
+    )
+    wait_training(follower, checkpoint_step(ckpt_dir) + 5, 180, world=2)
+    wait_phase(cluster, namespace, "etcdjob", "Succeeded", 300)
+    assert checkpoint_step(ckpt_dir) == 150
+    assert [ln for ln in follower.lines("step") if ln.seen > t_kill]
+    assert_progress_sound(follower)
+
+
+def test_operator_killed_mid_job_no_duplicates_status_kept(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    job = TrainingJob("opkill", ckpt_dir, min_replicas=2, max_replicas=3, steps=150)
+    apply(cluster, namespace, job.manifest())
+    wait_training(follower, 10, 240, world=3)
+    wait_for(
+        lambda: (
+            (get_job(cluster, namespace, "opkill").get("status") or {}).get("phase") == "Running"
+        ),
+        60,
+        "status Running",
+    )
+    before = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in worker_pods(cluster, namespace, "opkill")
+    }
+    operator_proc.kill()
+    step_at_kill = follower.last_step()
+    # Training does not need the operator.
+    wait_training(follower, step_at_kill + 10, 60, world=3)
+    operator_proc.start()
+    # Give the new incarnation time to reconcile, then nothing must have changed.
+    wait_training(follower, follower.last_step() + 10, 60, world=3)
+    after = {
+        p["metadata"]["name"]: p["metadata"]["uid"]
+        for p in worker_pods(cluster, namespace, "opkill")
+    }
+    assert after == before, "the restarted operator created or replaced pods"
+    status = get_job(cluster, namespace, "opkill")["status"]
+    assert status["phase"] == "Running"
+    assert status["failures"] == 0 and status["replacements"] == 0
+    wait_phase(cluster, namespace, "opkill", "Succeeded", 300)
+    assert_progress_sound(follower)
+    assert len({s.round for s in follower.lines("step")}) == 1
