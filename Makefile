@@ -22,8 +22,9 @@ lint: venv ## ruff, mypy --strict, import-linter, chart/CRD drift checks
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 	.venv/bin/lint-imports
+	@cmp -s crds/elasticjob.yaml helm/torchflex/crds/elasticjob.yaml || { echo "helm/torchflex/crds/elasticjob.yaml drifted from crds/: cp crds/elasticjob.yaml helm/torchflex/crds/" >&2; exit 1; }
 
-test-unit: venv ## pure-logic tests, no cluster, no network
+test-unit: venv toolchain ## pure-logic tests, no cluster, no network (helm for chart checks)
 	$(PYTEST) tests/unit
 
 test-integration: venv toolchain ## real processes, real API server, real etcd

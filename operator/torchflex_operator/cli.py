@@ -10,10 +10,27 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 
 from torchflex_operator.settings import Settings
 
 LOG_FORMATS = ("plain", "json")
+OLDEST = "oldest"
+
+
+def priority_arg(text: str) -> int | str:
+    if text == OLDEST:
+        return OLDEST
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or {OLDEST!r}") from None
+
+
+def peering_priority(value: int | str, now_ns: int) -> int:
+    """kopf pauses every peer when two share a priority: 'oldest' gives each replica
+    its own, higher for earlier starts (microseconds, so ties need the same microsecond)."""
+    return -(now_ns // 1000) if value == OLDEST else int(value)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,6 +53,15 @@ def parser() -> argparse.ArgumentParser:
     ha = p.add_mutually_exclusive_group()
     ha.add_argument("--peering", metavar="NAME", help="kopf peering object for HA (active/standby)")
     ha.add_argument("--standalone", action="store_true", help="no peering (single replica)")
+    p.add_argument(
+        "--priority",
+        type=priority_arg,
+        default=0,
+        metavar="N|oldest",
+        help="peering priority: the live peer with the highest one is active, the others "
+        "stand by; 'oldest' ranks replicas by start time, so identical replicas of one "
+        "Deployment elect the longest-running one",
+    )
     p.add_argument("--log-format", choices=LOG_FORMATS, default="plain")
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics; 0 = off")
@@ -117,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         clusterwide=not args.namespace,
         standalone=args.standalone or not args.peering,
         peering_name=args.peering,
+        priority=peering_priority(args.priority, time.time_ns()),
         liveness_endpoint=(
             f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
         ),

@@ -10,7 +10,10 @@ annotations on our objects; all decisions happen in one reconcile per job.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -20,6 +23,22 @@ from torchflex_operator.reconciler import Reconciler
 
 log = logging.getLogger(__name__)
 _OWNED = {labels.Label.MANAGED_BY.value: labels.MANAGED_BY_VALUE}
+
+
+def in_cluster_server(info: kopf.ConnectionInfo, environ: Mapping[str, str]) -> kopf.ConnectionInfo:
+    """Point kopf's service-account login at $KUBERNETES_SERVICE_HOST:PORT.
+
+    kopf assumes https://kubernetes.default.svc, which needs cluster DNS; the
+    kubelet's env vars are what client-go (and our ``kube.load_api_client``) use,
+    so both of the operator's clients reach the same API server.
+    """
+    host = environ.get("KUBERNETES_SERVICE_HOST")
+    port = environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return info
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return dataclasses.replace(info, server=f"https://{host}:{port}")
 
 
 def register(reconciler: Reconciler, *, watch_nodes: bool = True) -> kopf.OperatorRegistry:
@@ -32,8 +51,8 @@ def register(reconciler: Reconciler, *, watch_nodes: bool = True) -> kopf.Operat
         # at import), so an in-process test can point us at its cluster.
         info: kopf.ConnectionInfo | None = kopf.login_with_service_account(**kwargs)
         if info is None:
-            info = kopf.login_with_kubeconfig(**kwargs)
-        return info
+            return kopf.login_with_kubeconfig(**kwargs)
+        return in_cluster_server(info, os.environ)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:

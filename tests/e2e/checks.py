@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from e2e.cluster import Cluster
 from e2e.trainlog import LogFollower, progress_violations
 from e2e.workload import get_job, job_events
@@ -21,8 +23,23 @@ def phase(cluster: Cluster, ns: str, name: str) -> str:
     return str(status.get("phase", ""))
 
 
+TERMINAL = ("Succeeded", "Failed")
+
+
 def wait_phase(cluster: Cluster, ns: str, name: str, want: str, timeout_s: float) -> None:
-    wait_for(lambda: phase(cluster, ns, name) == want, timeout_s, f"job {name} phase {want}", 0.5)
+    """Wait for ``want``; fail at once if the job ends in the other terminal phase."""
+
+    def reached() -> bool:
+        status: dict[str, Any] = get_job(cluster, ns, name).get("status") or {}
+        got = str(status.get("phase", ""))
+        if got in TERMINAL and got != want:
+            pytest.fail(
+                f"job {name} ended {got}, expected {want}: {status.get('conditions')} "
+                f"last failure: {status.get('lastFailure')}"
+            )
+        return got == want
+
+    wait_for(reached, timeout_s, f"job {name} phase {want}", 0.5)
 
 
 def wait_training(

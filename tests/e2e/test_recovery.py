@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from e2e.cluster import Cluster
@@ -34,6 +35,9 @@ from tests.e2e.checks import (
     wait_world,
 )
 from tests.support import wait_for
+
+# Whole training runs on a 2-core machine: more than the suite's default limit.
+pytestmark = pytest.mark.timeout(600)
 
 
 def test_sigkilled_agent_survivors_reform_and_group_grows_back(

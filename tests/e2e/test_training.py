@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import yaml
+
 from e2e.cluster import Cluster
 from e2e.operator_proc import OperatorProcess
 from e2e.trainlog import LogFollower
-from e2e.workload import TrainingJob, apply, get_job, worker_pods
+from e2e.workload import PROCESS_NODE, TrainingJob, apply, get_job, worker_pods
 from tests.e2e.checks import assert_progress_sound, checkpoint_step, event_reasons, wait_phase
 from tests.support import wait_for
+
+# Whole training runs on a 2-core machine: more than the suite's default limit.
+pytestmark = pytest.mark.timeout(600)
 
 
 def test_job_trains_to_the_end_and_cleans_up(
@@ -61,3 +67,131 @@ def test_job_trains_to_the_end_and_cleans_up(
         60,
         f"the store pod removed (was: {store.stdout.strip()})",
     )
+
+
+def _etcd_pod(cluster: Cluster, namespace: str) -> str:
+    """A plain etcd v3 server pod + headless Service; returns its endpoint."""
+    manifests = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "etcd", "labels": {"app": "shared-etcd"}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": PROCESS_NODE},
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "containers": [{
+                    "name": "etcd",
+                    "image": "etcd:local",
+                    "command": [
+                        str(cluster.bin_dir / "etcd"), "--data-dir", "/data",
+                        "--listen-client-urls", "http://0.0.0.0:2379",
+                        "--advertise-client-urls", "http://shared-etcd:2379",
+                        "--listen-peer-urls", "http://127.0.0.1:2380",
+                    ],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "shared-etcd"},
+            "spec": {"clusterIP": "None", "selector": {"app": "shared-etcd"},
+                     "ports": [{"port": 2379}]},
+        },
+    ]  # fmt: skip
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(manifests))
+    wait_for(
+        lambda: (
+            cluster.kubectl(
+                "get", "pod", "etcd", "-n", namespace, "-o", "jsonpath={.status.phase}", check=False
+            ).stdout
+            == "Running"
+        ),
+        60,
+        "etcd pod running",
+    )
+    return f"http://shared-etcd.{namespace}:2379"
+
+
+def test_jobs_sharing_one_etcd_never_see_each_other(
+    cluster: Cluster,
+    namespace: str,
+    crd: None,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    other_ns = f"{namespace}-b"
+    cluster.kubectl("create", "namespace", other_ns)
+    log = cluster.layout.logs / f"operator-{namespace}.log"
+    try:
+        wait_for(
+            lambda: (
+                cluster.kubectl("get", "sa", "default", "-n", other_ns, check=False).returncode == 0
+            ),
+            30,
+            "default ServiceAccount",
+        )
+        endpoint = _etcd_pod(cluster, namespace)
+        # Same job name in two namespaces, and a second job beside one of them,
+        # all on one etcd: each rendezvous must stay its own (max 2, one pod each,
+        # so any mix-up would show as a world size of 2 or 3).
+        jobs = [
+            (namespace, TrainingJob("twin", ckpt_dir / "a-twin", min_replicas=1, max_replicas=2,
+                                    replicas=1, steps=40, backend="etcd",
+                                    etcd_endpoint=endpoint)),
+            (namespace, TrainingJob("other", ckpt_dir / "a-other", min_replicas=1,
+                                    max_replicas=2, replicas=1, steps=40, backend="etcd",
+                                    etcd_endpoint=endpoint)),
+            (other_ns, TrainingJob("twin", ckpt_dir / "b-twin", min_replicas=1, max_replicas=2,
+                                   replicas=1, steps=40, backend="etcd",
+                                   etcd_endpoint=endpoint)),
+        ]  # fmt: skip
+        with (
+            OperatorProcess(cluster.kubeconfig, [namespace, other_ns], log),
+            LogFollower(cluster.layout.pods, other_ns) as follower_b,
+        ):
+            for ns, job in jobs:
+                apply(cluster, ns, job.manifest())
+            for ns, job in jobs:
+                wait_phase(cluster, ns, job.name, "Succeeded", 300)
+            ids = {_rdzv_id(cluster, ns, f"{job.name}-worker-0") for ns, job in jobs}
+            steps = follower.lines("step") + follower_b.lines("step")
+        by_pod: dict[str, set[int]] = {}
+        for line in steps:
+            by_pod.setdefault(line.pod, set()).add(line.world)
+        assert set(by_pod) == {"twin-worker-0", "other-worker-0"}
+        assert all(worlds == {1} for worlds in by_pod.values()), by_pod
+        assert {s.step for s in follower_b.lines("step")} >= {40}
+        assert len(ids) == len(jobs), f"rendezvous ids not unique: {ids}"
+        for ns, job in jobs:
+            assert checkpoint_step(job.ckpt_dir) == 40, f"{ns}/{job.name}"
+    finally:
+        cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)
+
+
+def _rdzv_id(cluster: Cluster, namespace: str, pod: str) -> str:
+    spec = cluster.get_json("pod", pod, "-n", namespace)["spec"]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    return str(env["TORCHFLEX_RDZV_ID"])
+
+
+def test_plain_torchrun_command_trains_under_the_operator(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    job = TrainingJob("compat", ckpt_dir, min_replicas=2, max_replicas=2, steps=40,
+                      torchrun=True)  # fmt: skip
+    apply(cluster, namespace, job.manifest())
+    wait_phase(cluster, namespace, "compat", "Succeeded", 300)
+    pod = cluster.get_json("pod", "compat-worker-0", "-n", namespace)
+    trainer = pod["spec"]["containers"][0]
+    assert trainer["command"][0] == "torchrun", "the operator must not wrap torchrun"
+    assert any(e["name"] == "TORCHFLEX_RDZV_ID" for e in trainer["env"])
+    steps = follower.lines("step")
+    assert {s.rank for s in steps if s.step == 40} == {0, 1}
+    assert {s.world for s in steps} == {2}
+    assert checkpoint_step(ckpt_dir) == 40

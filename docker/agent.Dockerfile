@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1.7
+# The torchflex agent base image: torch + torchflex-agent. Build your training
+# image FROM it and add your code:
+#
+#   docker build -f docker/agent.Dockerfile -t ghcr.io/torchflex/torchflex-agent:0.1.0-cpu .
+#   docker build -f docker/agent.Dockerfile --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
+#       -t ghcr.io/torchflex/torchflex-agent:0.1.0-cu128 .
+#
+#   # your Dockerfile
+#   FROM ghcr.io/torchflex/torchflex-agent:0.1.0-cpu
+#   COPY --chown=65532:65532 train.py /workspace/
+#
+# The operator wraps the ElasticJob's command in `torchflex-agent --` and runs
+# the rendezvous store pod as `torchflex-agent store` from the same image.
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+# CPU wheels by default; a CUDA index (e.g. .../whl/cu128) gives GPU torch (CUDA libs come as wheels).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/torchflex
+WORKDIR /src
+COPY pyproject.toml constraints.txt README.md ./
+COPY contract/ contract/
+COPY operator/ operator/
+COPY agent/ agent/
+# torch first from its own index (exact pin from constraints.txt), then the agent extra.
+RUN /opt/torchflex/bin/pip install -c constraints.txt --index-url "${TORCH_INDEX_URL}" torch \
+    && /opt/torchflex/bin/pip install -c constraints.txt ".[agent]" \
+    && /opt/torchflex/bin/torchflex-agent --help >/dev/null
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="torchflex-agent" \
+      org.opencontainers.image.description="torch + torchflex-agent: base image for ElasticJob training images" \
+      org.opencontainers.image.source="https://github.com/torchflex/torchflex" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PATH=/opt/torchflex/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    HOME=/workspace
+COPY --from=build /opt/torchflex /opt/torchflex
+WORKDIR /workspace
+# The example job (examples/elasticjob-*.yaml) runs this script from the image.
+RUN chown 65532:65532 /workspace
+COPY --chown=65532:65532 examples/train_elastic.py /workspace/examples/train_elastic.py
+# Numeric non-root user: Kubernetes can check runAsNonRoot without /etc/passwd.
+USER 65532:65532
+# Agent health/status (29410) and the c10d store (29400, store pod only).
+EXPOSE 29400 29410
+CMD ["torchflex-agent", "--help"]

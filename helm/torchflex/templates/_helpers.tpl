@@ -1,0 +1,184 @@
+{{/*
+Names, labels and the derived settings every template shares.
+*/}}
+
+{{- define "torchflex.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "torchflex.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped objects carry the release namespace: two releases may share a name. */}}
+{{- define "torchflex.clusterName" -}}
+{{- printf "%s-%s" (include "torchflex.fullname" .) .Release.Namespace | trunc 253 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "torchflex.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "torchflex.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "torchflex.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels of every object of the release, without the component. */}}
+{{- define "torchflex.commonLabels" -}}
+helm.sh/chart: {{ include "torchflex.chart" . }}
+app.kubernetes.io/name: {{ include "torchflex.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: torchflex
+{{- end }}
+
+{{- define "torchflex.labels" -}}
+{{ include "torchflex.commonLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "torchflex.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "torchflex.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "torchflex.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when kopf peering (active/standby) is on. */}}
+{{- define "torchflex.peering" -}}
+{{- $p := .Values.peering.enabled }}
+{{- if eq (toString $p) "auto" }}
+{{- if gt (int .Values.replicaCount) 1 }}true{{ else }}false{{ end }}
+{{- else }}
+{{- toString $p }}
+{{- end }}
+{{- end }}
+
+{{/* A ClusterKopfPeering is cluster-scoped: its default name carries the namespace too. */}}
+{{- define "torchflex.peeringName" -}}
+{{- default (include "torchflex.clusterName" .) .Values.peering.name }}
+{{- end }}
+
+{{- define "torchflex.namespaced" -}}
+{{- if eq .Values.watch.mode "namespaced" }}true{{ else }}false{{ end }}
+{{- end }}
+
+{{/* Namespaces that get the worker ServiceAccount, as a JSON list. */}}
+{{- define "torchflex.workerNamespaces" -}}
+{{- if .Values.workerServiceAccount.namespaces }}
+{{- toJson .Values.workerServiceAccount.namespaces }}
+{{- else if eq .Values.watch.mode "namespaced" }}
+{{- toJson .Values.watch.namespaces }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Cross-field rules the JSON schema cannot say clearly; each fails with the fix.
+*/}}
+{{- define "torchflex.validate" -}}
+{{- if eq .Values.image.tag "latest" }}
+{{- fail "image.tag: \"latest\" is refused: pin a version (or set image.digest) so every replica runs the same operator" }}
+{{- end }}
+{{- if and (eq .Values.watch.mode "namespaced") (not .Values.watch.namespaces) }}
+{{- fail "watch.namespaces: list at least one namespace when watch.mode is \"namespaced\"" }}
+{{- end }}
+{{- if and (eq .Values.watch.mode "cluster") .Values.watch.namespaces }}
+{{- fail "watch.namespaces: must be empty when watch.mode is \"cluster\" (set watch.mode=namespaced to restrict the operator)" }}
+{{- end }}
+{{- if and (eq (toString .Values.peering.enabled) "false") (gt (int .Values.replicaCount) 1) }}
+{{- fail "replicaCount > 1 needs peering (peering.enabled: auto or true): without it every replica would reconcile the same jobs" }}
+{{- end }}
+{{- if and .Values.podDisruptionBudget.enabled (le (int .Values.replicaCount) (int .Values.podDisruptionBudget.minAvailable)) }}
+{{- fail "podDisruptionBudget.minAvailable must be lower than replicaCount, or no node could ever be drained" }}
+{{- end }}
+{{- end }}
+
+{{/*
+RBAC rules, derived from the code (tests/unit/install/test_rbac_derived.py re-derives them
+and compares). Namespaced resources: what torchflex_operator/kube.py calls plus what kopf
+watches for handlers.py.
+*/}}
+{{- define "torchflex.namespacedRules" -}}
+# ElasticJobs: kopf watches them (list, watch); the reconciler reads one (get) and deletes
+# finished ones after ttlSecondsAfterFinished (delete).
+- apiGroups: [torchflex.io]
+  resources: [elasticjobs]
+  verbs: [get, list, watch, delete]
+# Status is written once per pass, guarded by resourceVersion (merge patch).
+- apiGroups: [torchflex.io]
+  resources: [elasticjobs/status]
+  verbs: [patch]
+# Owned pods and Services carry blockOwnerDeletion: clusters with the
+# OwnerReferencesPermissionEnforcement admission plugin require this.
+- apiGroups: [torchflex.io]
+  resources: [elasticjobs/finalizers]
+  verbs: [update]
+# Worker, store and etcd pods: watched by kopf, listed per job, created and deleted.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch, create, delete]
+# Headless Services of a job: watched by kopf, created (they go with the job).
+- apiGroups: [""]
+  resources: [services]
+  verbs: [list, watch, create]
+# The operator's decisions as Events on the ElasticJob.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- if and (eq .Values.watch.mode "namespaced") (eq (include "torchflex.peering" .) "true") }}
+# kopf peering in namespaced mode: keep-alives in this namespace's KopfPeering.
+- apiGroups: [kopf.dev]
+  resources: [kopfpeerings]
+  verbs: [list, watch, patch]
+{{- end }}
+{{- end }}
+
+{{/* Cluster-scoped reads kopf needs in both modes (and the cluster peering). */}}
+{{- define "torchflex.clusterRules" -}}
+# kopf watches CRDs to notice the ElasticJob CRD being (re)installed.
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- if eq .Values.watch.mode "namespaced" }}
+# kopf lists and watches namespaces to know which of the watched ones exist.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
+{{- if .Values.operator.watchNodes }}
+# --watch-nodes: lost nodes make the operator force-delete their pods.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list, watch]
+{{- end }}
+{{- if and (eq .Values.watch.mode "cluster") (eq (include "torchflex.peering" .) "true") }}
+# kopf peering in cluster mode: keep-alives in the ClusterKopfPeering.
+- apiGroups: [kopf.dev]
+  resources: [clusterkopfpeerings]
+  verbs: [list, watch, patch]
+{{- end }}
+{{- end }}

@@ -1,0 +1,134 @@
+"""``helm install`` of the chart on the real local control plane, in both RBAC modes.
+
+The operator pod runs the Deployment's command under the process kubelet with
+its projected ServiceAccount token: every call it makes is authorized by the
+real API server against the chart's RBAC, so "no 403 in its log" is the proof
+that the RBAC is sufficient; ``kubectl auth can-i`` shows it is no wider than
+asked. Each job is one worker pod that really runs on the process node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from e2e.cluster import Cluster
+from tests.integration.install.release import (
+    TEST_OPERATOR,
+    Release,
+    apply_job,
+    hello_job,
+    job_phase,
+    job_pods,
+    wait_succeeded,
+)
+from tests.support import wait_for
+
+
+def test_clusterwide_install_runs_jobs_upgrades_and_uninstalls_cleanly(
+    cluster: Cluster, release: Release, make_namespace: Callable[[], str]
+) -> None:
+    notes = release.install({"operator": TEST_OPERATOR})
+    assert "kubectl get ej" in notes
+    (first,) = release.wait_running(1)
+    jobs = make_namespace()
+
+    # An ElasticJob in any namespace gets its pods and runs to completion.
+    apply_job(cluster, jobs, hello_job(cluster, "hello"))
+    wait_succeeded(cluster, jobs, "hello")
+    assert "hello-worker-0" in job_pods(cluster, jobs, "hello")
+
+    # Least privilege, as the API server sees it.
+    assert release.can_i("create", "pods", jobs)
+    assert release.can_i("patch", "elasticjobs.torchflex.io/status", jobs)
+    assert not release.can_i("get", "secrets", jobs)
+    assert not release.can_i("update", "elasticjobs.torchflex.io", jobs)
+    assert not release.can_i("create", "deployments.apps", jobs)
+    # The training pods' ServiceAccount has no API access at all.
+    assert not release.can_i("get", "pods", release.namespace, account="torchflex-worker")
+    assert not release.can_i(
+        "list", "elasticjobs.torchflex.io", release.namespace, "torchflex-worker"
+    )
+
+    # helm upgrade with changed values rolls the operator to a new pod with the new flags.
+    release.upgrade({"operator": {**TEST_OPERATOR, "workers": 2, "logFormat": "plain"}})
+    (second,) = release.wait_running(1)
+    assert second["metadata"]["uid"] != first["metadata"]["uid"]
+    args = second["spec"]["containers"][0]["args"]
+    assert "--workers=2" in args and "--log-format=plain" in args
+    apply_job(cluster, jobs, hello_job(cluster, "after-upgrade"))
+    wait_succeeded(cluster, jobs, "after-upgrade")
+    assert "after-upgrade" in "\n".join(job_pods(cluster, jobs, "after-upgrade"))
+
+    assert release.forbidden_lines() == []
+    assert len(release.log_files()) == 2  # both incarnations logged, neither got a 403
+
+    # helm uninstall: no object of the release is left; the CRD and the jobs stay (docs say so).
+    release.uninstall()
+    wait_for(lambda: release.leftovers() == [], 60, "no object labelled with the release")
+    assert release.forbidden_lines() == []  # the whole lifetime, shutdown included
+    assert cluster.kubectl("get", "crd", "elasticjobs.torchflex.io", check=False).returncode == 0
+    assert job_phase(cluster, jobs, "hello") == "Succeeded"
+
+
+def test_namespaced_install_never_touches_other_namespaces(
+    cluster: Cluster, release: Release, make_namespace: Callable[[], str]
+) -> None:
+    watched, other = make_namespace(), make_namespace()
+    release.install(
+        {
+            "watch": {"mode": "namespaced", "namespaces": [watched]},
+            "operator": {**TEST_OPERATOR, "watchNodes": False},
+        }
+    )
+    release.wait_running(1)
+    apply_job(cluster, other, hello_job(cluster, "ignored"))
+    apply_job(cluster, watched, hello_job(cluster, "served"))
+    wait_succeeded(cluster, watched, "served")
+    # The watched job went through in seconds; the other one must stay untouched.
+    time.sleep(5)
+    assert job_pods(cluster, other, "ignored") == []
+    assert job_phase(cluster, other, "ignored") is None
+
+    assert release.can_i("create", "pods", watched)
+    assert not release.can_i("create", "pods", other)
+    assert not release.can_i("list", "elasticjobs.torchflex.io", other)
+    assert not release.can_i("list", "nodes", "default")  # watchNodes: false drops it
+    assert release.can_i("list", "namespaces", "default")  # kopf's namespace observer
+    assert release.forbidden_lines() == []
+
+    release.uninstall()
+    wait_for(lambda: release.leftovers() == [], 60, "no object labelled with the release")
+    assert release.forbidden_lines() == []  # the whole lifetime, shutdown included
+
+
+def test_two_replicas_run_active_standby_and_fail_over(
+    cluster: Cluster, release: Release, make_namespace: Callable[[], str]
+) -> None:
+    release.install({"replicaCount": 2, "operator": {**TEST_OPERATOR, "watchNodes": False}})
+    pods = release.wait_running(2)
+    jobs = make_namespace()
+    peering = release.fullname + "-" + release.namespace
+
+    def peers() -> dict[str, int]:
+        obj = cluster.get_json("clusterkopfpeering", peering)
+        return {k: int(v["priority"]) for k, v in (obj.get("status") or {}).items()}
+
+    names = {p["metadata"]["name"] for p in pods}
+    wait_for(lambda: set(peers()) == names, 30, "both replicas in the peering object")
+    active = max(peers().items(), key=lambda kv: kv[1])[0]
+    apply_job(cluster, jobs, hello_job(cluster, "first"))
+    wait_succeeded(cluster, jobs, "first")
+
+    # Kill the active replica: the standby takes over and serves the next job.
+    cluster.kubectl("delete", "pod", active, "-n", release.namespace, "--wait=true")
+    wait_for(lambda: active not in peers(), 30, "the deleted replica gone from the peering")
+    apply_job(cluster, jobs, hello_job(cluster, "second"))
+    wait_succeeded(cluster, jobs, "second")
+    (standby,) = [p for p in pods if p["metadata"]["name"] != active]
+    assert "Resuming operations" in release.log(standby)
+    assert release.forbidden_lines() == []
+
+    release.uninstall()
+    wait_for(lambda: release.leftovers() == [], 60, "no object labelled with the release")
+    assert release.forbidden_lines() == []  # the whole lifetime, shutdown included
