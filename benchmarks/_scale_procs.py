@@ -1,0 +1,77 @@
+"""Process plumbing shared by the rendezvous and operator-scale benchmarks.
+
+Where it sits: ``benchmarks.rendezvous`` starts a store server and an etcd
+with it, ``benchmarks.operator_scale`` starts the operator; both stop what
+they started by PID. Every wait is bounded. The /proc readings of the
+operator's memory and CPU are parsed by pure functions in ``_scale_stats``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLCHAIN = REPO / "e2e" / "toolchain" / "build.sh"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bin_dir() -> Path:
+    """The folder of the pinned control-plane binaries (builds them on first use)."""
+    out = subprocess.run(
+        ["bash", str(TOOLCHAIN), "--print"], capture_output=True, text=True, check=True,
+        timeout=60 * 30,
+    )  # fmt: skip
+    return Path(out.stdout.strip())
+
+
+def etcd_binary() -> str:
+    return str(bin_dir() / "etcd")
+
+
+def start_logged(
+    cmd: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Start ``cmd`` with stdout and stderr into ``log``."""
+    with log.open("w") as fh:
+        return subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+            env=env, cwd=REPO,
+        )  # fmt: skip
+
+
+def wait_line(log: Path, needle: str, timeout: float) -> str:
+    """The first line of ``log`` containing ``needle``; TimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            for line in log.read_text(errors="replace").splitlines():
+                if needle in line:
+                    return line
+        if time.monotonic() >= deadline:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise TimeoutError(f"{log.name}: no line with {needle!r} in {timeout:.0f}s\n{tail}")
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen[str], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; only the process we started."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(10)

@@ -1,0 +1,82 @@
+"""The "Setup" section of RESULTS.md: cold set-up and cluster start times, recorded once.
+
+Where it sits: not part of ``make bench`` (a cold build takes a quarter of an
+hour and must not be rerun as a benchmark). ``python -m
+benchmarks._scale_setup LOG`` reads the bash ``time`` output at the end of a
+set-up log (a cold virtualenv + toolchain build, as ``.ci/run`` does on a
+fresh machine) and writes the ``setup`` section with it and with the earlier
+measurements listed below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import re
+import sys
+from pathlib import Path
+
+from benchmarks import report
+
+# Measured earlier on the same 2-core dev machine and recorded in README.md
+# (commit history); kept here so the section says where each figure is from.
+EARLIER = (
+    ("cold toolchain build (`make toolchain`, Go build of every binary)", "10 min 50 s"),
+    ("cold virtualenv (`make venv`, torch CPU from the PyPI mirror)", "2 min 36 s"),
+    ("`.ci/run` from a fresh clone, warm caches (253 tests)", "3 min 29 s"),
+    ("`make cluster`, warm caches, idle machine", "5-7 s"),
+)
+
+
+def parse_time(text: str) -> dict[str, float]:
+    """bash ``time`` lines (``real 14m56.683s``) -> seconds, by name; the last of each wins."""
+    out: dict[str, float] = {}
+    for m in re.finditer(r"^(real|user|sys)\s+(?:(\d+)m)?([\d.]+)s\s*$", text, re.MULTILINE):
+        out[m.group(1)] = int(m.group(2) or 0) * 60 + float(m.group(3))
+    return out
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def body(log: Path, times: dict[str, float], cluster_up_s: float | None) -> str:
+    when = dt.datetime.fromtimestamp(log.stat().st_mtime, dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    rows = [[what, value, "earlier run (see README)"] for what, value in EARLIER]
+    if "real" in times:
+        rows.append(
+            [
+                "cold set-up today: virtualenv + toolchain build from empty caches",
+                f"{_mmss(times['real'])} wall (user {_mmss(times.get('user', 0))}, "
+                f"sys {_mmss(times.get('sys', 0))})",
+                f"`time` at the end of `{log.name}`, finished {when}",
+            ]
+        )
+    if cluster_up_s is not None:
+        rows.append(
+            [
+                "`python -m e2e.cluster up` (what `make cluster` runs), warm caches, "
+                "machine busy with other clusters and tests",
+                f"{cluster_up_s:.0f} s",
+                "measured by the operator-scale benchmark's author, same day",
+            ]
+        )
+    return (
+        "Not rerun by `make bench`: one-off measurements of setting the project up.\n\n"
+        + report.markdown_table(["what", "time", "source"], rows)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks._scale_setup", description=__doc__)
+    p.add_argument("log", type=Path, help="set-up log ending with bash `time` output")
+    p.add_argument("--cluster-up", type=float, help="seconds a warm `make cluster` took")
+    args = p.parse_args(argv)
+    times = parse_time(args.log.read_text(errors="replace"))
+    cmd = "python -m benchmarks._scale_setup " + " ".join(argv if argv else sys.argv[1:])
+    report.write_section("setup", "Setup", cmd, body(args.log, times, args.cluster_up))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""Benchmark 2: rendezvous latency vs number of agents, torchflex vs torch.
+
+Where it sits: ``python -m benchmarks.rendezvous`` (also run by ``make
+bench``). Needs no cluster: it starts a ``torchflex-agent store`` (TCPStore
+server) and an etcd (the pinned build) on 127.0.0.1, plus a few member-hosting
+processes (``benchmarks._rdzv_host``), and drives trials through them. The
+latency definition lives in ``benchmarks._rdzv_stats``. Writes the
+``rendezvous`` section of ``benchmarks/RESULTS.md`` and
+``benchmarks/plots/rendezvous.png`` (not with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks import report
+from benchmarks._rdzv_host import SYSTEMS
+from benchmarks._rdzv_stats import MemberResult, TrialOutcome, evaluate, split_members
+from benchmarks._scale_procs import (
+    REPO,
+    etcd_binary,
+    free_port,
+    start_logged,
+    stop,
+    wait_line,
+)
+
+SIZES: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
+QUICK_SIZES: tuple[int, ...] = (2, 8, 32)
+TARGET_S = 0.5
+TARGET_N = 64
+# Members are released this long after the last host said ready, so every
+# host is sleeping on the same deadline when it passes.
+_RELEASE_LEAD_S = 0.3
+
+
+class Host:
+    """One member-hosting process and a thread reading its JSON replies."""
+
+    def __init__(self, log_path: Path) -> None:
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks._rdzv_host"],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+        self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.replies.put(json.loads(line))
+
+    def send(self, obj: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(obj) + "\n")
+        self.proc.stdin.flush()
+
+    def reply(self, timeout: float) -> dict[str, Any]:
+        try:
+            return self.replies.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"host {self.proc.pid}: no reply in {timeout:.0f}s") from None
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        stop(self.proc, grace=10)
+        self._log.close()
+
+
+def run_trial(
+    hosts: Sequence[Host], system: str, n: int, port: int, timeout: float
+) -> TrialOutcome:
+    counts = split_members(n, len(hosts))
+    run_id = f"bench-{uuid.uuid4().hex[:10]}"
+    used = hosts[: len(counts)]
+    for host, count in zip(used, counts, strict=True):
+        host.send(
+            {"op": "prepare", "system": system, "run_id": run_id, "n": n, "count": count,
+             "port": port, "timeout": timeout}
+        )  # fmt: skip
+    for host in used:
+        host.reply(60 + n)
+    at = time.monotonic() + _RELEASE_LEAD_S
+    for host in used:
+        host.send({"op": "go", "at": at, "timeout": timeout})
+    members: list[MemberResult] = []
+    for host in used:
+        raw = host.reply(timeout + 60)
+        members += [MemberResult.from_json(m) for m in raw["members"]]
+    for host in used:
+        host.send({"op": "close"})
+    for host in used:
+        host.reply(60 + n)
+    return evaluate(n, members)
+
+
+def measure(
+    hosts: Sequence[Host],
+    *,
+    ports: dict[str, int],
+    systems: Sequence[str],
+    sizes: Sequence[int],
+    reps: int,
+    timeout: float,
+) -> dict[tuple[str, int], list[TrialOutcome]]:
+    """Interleaved: each repetition runs every (size, system), rotating the system order."""
+    out: dict[tuple[str, int], list[TrialOutcome]] = {(s, n): [] for s in systems for n in sizes}
+    for rep in range(reps):
+        for i, n in enumerate(sizes):
+            k = (rep + i) % len(systems)
+            for system in [*systems[k:], *systems[:k]]:
+                outcome = run_trial(hosts, system, n, ports[system], timeout)
+                out[(system, n)].append(outcome)
+                shown = (
+                    "FAILED: " + str(outcome.problem)
+                    if outcome.latency is None
+                    else (f"{outcome.latency * 1000:.0f} ms")
+                )
+                print(f"[rendezvous] rep {rep + 1}/{reps} n={n:>3} {system:<15} {shown}",
+                      flush=True)  # fmt: skip
+    return out
+
+
+def _cell(trials: Sequence[TrialOutcome]) -> str:
+    ok = [t.latency for t in trials if t.latency is not None]
+    failed = len(trials) - len(ok)
+    text = report.summarize([v * 1000 for v in ok]).fmt("ms", 0)
+    return text + (f", {failed} failed" if failed else "")
+
+
+def _ratio(base: Sequence[TrialOutcome], ours: Sequence[TrialOutcome]) -> str:
+    b = [t.latency for t in base if t.latency is not None]
+    o = [t.latency for t in ours if t.latency is not None]
+    if not b or not o:
+        return "n/a"
+    return f"{report.summarize(b).median / report.summarize(o).median:.1f}x"
+
+
+def plot(results: dict[tuple[str, int], list[TrialOutcome]], sizes: Sequence[int]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for system in SYSTEMS:
+        xs, med, lo, hi = [], [], [], []
+        for n in sizes:
+            vals = [t.latency for t in results.get((system, n), []) if t.latency is not None]
+            if vals:
+                s = report.summarize(vals)
+                xs.append(n)
+                med.append(s.median)
+                lo.append(s.median - s.low)
+                hi.append(s.high - s.median)
+        if xs:
+            ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=system)
+    ax.axhline(TARGET_S, color="grey", linestyle="--", linewidth=1, label="target 0.5 s")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(sizes), [str(n) for n in sizes])
+    ax.set_xlabel("agents joining at once (min = max = N)")
+    ax.set_ylabel("last join -> every agent ranked (s)")
+    ax.set_title("Rendezvous latency (median, min-max bars)")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    report.PLOTS_DIR.mkdir(exist_ok=True)
+    path = report.PLOTS_DIR / "rendezvous.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def body(
+    results: dict[tuple[str, int], list[TrialOutcome]],
+    sizes: Sequence[int],
+    reps: int,
+    procs: int,
+    etcd_note: str,
+) -> str:
+    header = ["N", *SYSTEMS, "torch / torchflex-c10d", "torch / torchflex-etcd"]
+    rows = []
+    for n in sizes:
+        torch_trials = results.get(("torch-c10d", n), [])
+        rows.append(
+            [str(n)]
+            + [_cell(results.get((s, n), [])) for s in SYSTEMS]
+            + [
+                _ratio(torch_trials, results.get(("torchflex-c10d", n), [])),
+                _ratio(torch_trials, results.get(("torchflex-etcd", n), [])),
+            ]
+        )
+    tf64 = [t.latency for t in results.get(("torchflex-c10d", TARGET_N), []) if t.latency]
+    verdict = (
+        f"Target: < {TARGET_S} s at N={TARGET_N}; torchflex-c10d median "
+        f"{report.summarize(tf64).median:.3f} s."
+        if tf64
+        else f"Target: < {TARGET_S} s at N={TARGET_N} (not measured in this run)."
+    )
+    return f"""
+Latency from the last join to every agent holding its rank, {reps} repetitions
+per cell, median (min-max) in milliseconds. {verdict}
+
+{report.markdown_table(header, rows)}
+
+![rendezvous latency vs N](plots/rendezvous.png)
+
+What is measured. N members join one rendezvous at once with min = max = N.
+A member is one agent's rendezvous client: its own store connection (its
+own TCPStore client, or its own etcd HTTP session) and its own rendezvous
+object, the same call the agent makes (`Rendezvous.next_round` for
+torchflex, `DynamicRendezvousHandler.next_rendezvous` for torch), no
+workers. Members are threads hosted in min(N, {procs}) long-lived processes
+(`benchmarks/_rdzv_host.py`; up to N = {procs} each member is its own
+process), the same hosting for every system. Each host parks its members
+on an event and releases them at one monotonic deadline; each member
+stamps `start` just before its join call and `done` just after it returns
+its rank. Latency = max(done) - max(start) ("from the last join"). A trial
+counts only if the members formed one group with ranks 0..N-1 and world
+size N. Systems are interleaved within every repetition (rotating order),
+with a fresh run id per trial.
+
+Backends. `torchflex-c10d` and `torch-c10d` share one TCPStore server (the
+`torchflex-agent store` process, libuv). `torchflex-etcd` uses the pinned
+etcd built by `e2e/toolchain/build.sh` (default fsync, as the operator's
+managed etcd pod runs it), through `EtcdKVStore` (etcd v3 JSON gateway).
+torch's `DynamicRendezvousHandler` runs with `C10dRendezvousBackend` on a
+TCPStore client, default timeouts (its last call does not apply with
+min = max), `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (no second store on
+rank 0; torchflex never starts one). Its round-0 join includes torch's own
+random 0-0.3 s start delay and its 1 s polling while the round fills.
+
+torch's etcd-v2 backend was not run: {etcd_note}
+"""
+
+
+def _v2_status(client_port: int) -> str:
+    """HTTP status of etcd's v2 keys API on the running etcd (loopback)."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{client_port}/v2/keys/"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return str(resp.status)
+    except urllib.error.HTTPError as exc:
+        return str(exc.code)
+    except OSError as exc:
+        return f"unreachable ({exc})"
+
+
+def _etcd_v2_note(etcd: str, client_port: int) -> str:
+    """Checks, on the pinned etcd, whether torch's etcd-v2 backend could run at all."""
+    out = subprocess.run(
+        [etcd, "--version"], check=False, capture_output=True, text=True, timeout=30
+    )
+    version = out.stdout.splitlines()[0].replace(" Version:", "") if out.stdout else "etcd ?"
+    probe = subprocess.run(
+        [etcd, "--enable-v2", "--version"], check=False, capture_output=True, text=True, timeout=30
+    )
+    flag = "flag provided but not defined" in (probe.stdout + probe.stderr)
+    try:
+        import etcd as _python_etcd  # type: ignore[import-not-found]  # noqa: F401
+
+        client = "python-etcd is installed"
+    except ImportError:
+        client = "torch's backend also needs the `python-etcd` client, which is not installed"
+    flag_text = (
+        'rejects `--enable-v2` ("flag provided but not defined")'
+        if flag
+        else "accepted `--enable-v2` in this check"
+    )
+    status = _v2_status(client_port)
+    return (
+        f"the pinned {version} {flag_text}; its v2 API (removed in etcd 3.6) answers "
+        f"`GET /v2/keys/` with HTTP {status} on the etcd this run started; {client}."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.rendezvous", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="sizes 2, 8, 32, 2 reps; no RESULTS.md")
+    p.add_argument("--sizes", type=int, nargs="+", help=f"default {' '.join(map(str, SIZES))}")
+    p.add_argument("--reps", type=int, help="repetitions per cell (default 5, quick 2)")
+    p.add_argument("--procs", type=int, default=8, help="member-hosting processes (default 8)")
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--timeout", type=float, default=90.0, help="per-trial bound in seconds")
+    p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md / plots")
+    args = p.parse_args(argv)
+    sizes = tuple(args.sizes or (QUICK_SIZES if args.quick else SIZES))
+    reps = args.reps or (2 if args.quick else 5)
+    write = not (args.quick or args.no_write)
+
+    work = Path(tempfile.mkdtemp(prefix="tf-bench-rdzv-"))
+    procs: list[subprocess.Popen[str]] = []
+    hosts: list[Host] = []
+    try:
+        agent_bin = str(Path(sys.executable).parent / "torchflex-agent")
+        store = start_logged([agent_bin, "store", "--host", "127.0.0.1", "--port", "0"],
+                             work / "store.log")  # fmt: skip
+        procs.append(store)
+        line = wait_line(work / "store.log", "listening on", 60)
+        store_port = int(line.rsplit(":", 1)[1])
+        etcd = etcd_binary()
+        client, peer = free_port(), free_port()
+        etcd_proc = start_logged(
+            [etcd, "--name", "bench", "--data-dir", str(work / "etcd"),
+             "--listen-client-urls", f"http://127.0.0.1:{client}",
+             "--advertise-client-urls", f"http://127.0.0.1:{client}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"bench=http://127.0.0.1:{peer}"],
+            work / "etcd.log",
+        )  # fmt: skip
+        procs.append(etcd_proc)
+        wait_line(work / "etcd.log", "serving client traffic", 60)
+        ports = {"torchflex-c10d": store_port, "torch-c10d": store_port, "torchflex-etcd": client}
+        hosts = [Host(work / f"host-{i}.log") for i in range(min(args.procs, max(sizes)))]
+        t0 = time.monotonic()
+        results = measure(
+            hosts, ports=ports, systems=args.systems, sizes=sizes, reps=reps, timeout=args.timeout
+        )
+        print(f"[rendezvous] measured in {time.monotonic() - t0:.0f} s", flush=True)
+        note = _etcd_v2_note(etcd, client)
+        text = body(results, sizes, reps, args.procs, note)
+        print(text)
+        if write:
+            plot(results, sizes)
+            cmd = (
+                "python -m benchmarks.rendezvous"
+                + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+            )
+            report.write_section("rendezvous", "Rendezvous latency vs agents", cmd, text)
+    finally:
+        for host in hosts:
+            host.close()
+        for proc in reversed(procs):
+            stop(proc)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The rendezvous benchmark's pure parts: hosting split and the latency of one trial."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks._rdzv_stats import MemberResult, evaluate, split_members
+
+
+@pytest.mark.parametrize(
+    ("n", "procs", "want"),
+    [
+        (2, 8, [1, 1]),
+        (8, 8, [1] * 8),
+        (10, 4, [3, 3, 2, 2]),
+        (128, 8, [16] * 8),
+        (1, 1, [1]),
+    ],
+)
+def test_split_members_is_balanced_and_complete(n: int, procs: int, want: list[int]) -> None:
+    assert split_members(n, procs) == want
+    assert sum(split_members(n, procs)) == n
+
+
+def test_split_members_rejects_empty() -> None:
+    with pytest.raises(ValueError):
+        split_members(0, 4)
+    with pytest.raises(ValueError):
+        split_members(4, 0)
+
+
+def _m(start: float, done: float, rank: int | None, world: int | None = 3) -> MemberResult:
+    return MemberResult(start, done, rank, world)
+
+
+def test_latency_runs_from_the_last_join_to_the_last_rank() -> None:
+    members = [_m(10.0, 10.5, 0), _m(10.2, 10.4, 1), _m(10.1, 10.9, 2)]
+    out = evaluate(3, members)
+    assert out.problem is None
+    assert out.latency == pytest.approx(10.9 - 10.2)
+    assert out.join_spread == pytest.approx(0.2)
+
+
+def test_a_failed_member_voids_the_trial() -> None:
+    members = [_m(1, 2, 0), MemberResult(1, 3, None, None, "RendezvousTimeoutError()"), _m(1, 2, 1)]
+    out = evaluate(3, members)
+    assert out.latency is None
+    assert out.problem is not None and "RendezvousTimeoutError" in out.problem
+
+
+@pytest.mark.parametrize(
+    ("members", "fragment"),
+    [
+        ([_m(1, 2, 0), _m(1, 2, 1)], "2 of 3"),
+        ([_m(1, 2, 0), _m(1, 2, 0), _m(1, 2, 2)], "permutation"),
+        ([_m(1, 2, 0), _m(1, 2, 1), _m(1, 2, 2, world=2)], "world size"),
+        ([], "no member"),
+    ],
+)
+def test_an_inconsistent_group_is_not_timed(members: list[MemberResult], fragment: str) -> None:
+    out = evaluate(3, members)
+    assert out.latency is None
+    assert out.problem is not None and fragment in out.problem
+
+
+def test_member_result_round_trips_through_json() -> None:
+    m = MemberResult(1.5, 2.5, 3, 4, None)
+    assert MemberResult.from_json(m.to_json()) == m
+    failed = MemberResult(1.0, 1.0, None, None, "boom")
+    assert MemberResult.from_json(failed.to_json()) == failed
