@@ -8,7 +8,12 @@ latest checkpoint, checkpoint atomically (temp file + rename), and on
 SIGTERM finish the current step, save and exit 0. All ranks stop at the
 same step because the stop flag is all-reduced every step.
 
-Prints one line per step: ``step=N loss=X world=W rank=R sps=S``.
+Prints one line per step: ``step=N loss=X world=W rank=R sps=S``; with
+``--print-time`` (or ``TRAIN_PRINT_TIME=1``) the line ends with `` t=<unix time>``
+of the step's completion, which the recovery benchmarks parse.
+``--no-sigterm-hook`` (``TRAIN_NO_SIGTERM_HOOK=1``) leaves SIGTERM's default
+action in place (the process dies, only periodic checkpoints survive): the
+preemption benchmark's "without the hook" case.
 """
 
 from __future__ import annotations
@@ -38,6 +43,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=float(os.environ.get("STEP_TIME", "0.1")))
     p.add_argument("--ckpt-dir", default=os.environ.get("CKPT_DIR", ""))
     p.add_argument("--ckpt-every", type=int, default=int(os.environ.get("CKPT_EVERY", "10")))
+    p.add_argument(
+        "--print-time",
+        action="store_true",
+        default=os.environ.get("TRAIN_PRINT_TIME", "") == "1",
+        help="append t=<unix time> to every step line",
+    )
+    p.add_argument(
+        "--no-sigterm-hook",
+        action="store_true",
+        default=os.environ.get("TRAIN_NO_SIGTERM_HOOK", "") == "1",
+        help="do not catch SIGTERM (no checkpoint on preemption)",
+    )
     return p.parse_args()
 
 
@@ -69,7 +86,8 @@ def main() -> int:
         nonlocal stop_requested
         stop_requested = True
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    if not args.no_sigterm_hook:
+        signal.signal(signal.SIGTERM, on_sigterm)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -105,10 +123,9 @@ def main() -> int:
             if left > 0:
                 time.sleep(left)
             sps = 1.0 / max(time.monotonic() - started, 1e-6)
-            print(
-                f"step={done} loss={loss.item():.4f} world={world} rank={rank} sps={sps:.1f}",
-                flush=True,
-            )
+            stamp = f" t={time.time():.3f}" if args.print_time else ""
+            line = f"step={done} loss={loss.item():.4f} world={world} rank={rank} sps={sps:.1f}"
+            print(line + stamp, flush=True)
             stopping = flag.item() > 0
             if rank == 0 and (stopping or done % args.ckpt_every == 0 or done == args.steps):
                 save_checkpoint(args.ckpt_dir, done, model, opt)

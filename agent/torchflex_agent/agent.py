@@ -10,6 +10,12 @@ Where it sits: ``cli`` builds an ``ElasticAgent`` from the config and calls
 
 What to do on each observation is decided by ``restart_policy``; this module
 does the I/O: store calls, worker launch and stop, reports.
+
+Things that make a re-formed group train again fast, all started here:
+the presence server (peers see this process die at once, ``liveness``),
+the fork server (workers start without importing torch, ``prewarm``), and
+the expected size of the next round (no last call when the survivors are
+all there, ``rdzv_logic.expected_next``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchflex_agent.config import AgentConfig
 from torchflex_agent.errors import (
@@ -37,8 +43,14 @@ from torchflex_agent.errors import (
 )
 from torchflex_agent.health import write_termination_log
 from torchflex_agent.kvstore import KVStore
-from torchflex_agent.liveness import LivenessSettings, RoundMonitor, probe_peers
-from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult, RendezvousSettings
+from torchflex_agent.liveness import LivenessSettings, PresenceServer, RoundMonitor, probe_peers
+from torchflex_agent.prewarm import ForkServer, python_launch
+from torchflex_agent.rdzv_logic import (
+    NodeDescriptor,
+    RendezvousResult,
+    RendezvousSettings,
+    expected_next,
+)
 from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
 from torchflex_agent.restart_policy import (
     Action,
@@ -48,10 +60,19 @@ from torchflex_agent.restart_policy import (
     decide,
     judge_failure,
 )
-from torchflex_agent.workers import GroupState, LaunchContext, WorkerGroup
+from torchflex_agent.workers import (
+    GroupState,
+    LaunchContext,
+    WorkerGroup,
+    set_pdeathsig,
+    worker_base_env,
+)
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState, RestartReason
 from torchflex_contract.store_keys import FAILURE_COUNTED, FINISHED, RESTARTS, round_key
+
+if TYPE_CHECKING:
+    from torchflex_agent.store_tcp import MasterStore
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +80,8 @@ log = logging.getLogger(__name__)
 # before counting the failure against the restart budget.
 _FAILURE_PROBE_S = 0.5
 _STORE_LOST_STOP_GRACE_S = 1.0
+# Longest wait for the worker fork server's imports before joining anyway.
+_WARMUP_WAIT_S = 120.0
 
 Connect = Callable[[float], KVStore]
 """Opens a store connection, retrying until the given ``time.monotonic()`` deadline."""
@@ -101,6 +124,12 @@ class ElasticAgent:
             config.min_nodes, config.max_nodes, config.last_call, config.join_timeout
         )
         self._liveness = LivenessSettings(config.heartbeat_interval, config.liveness_timeout)
+        self._presence: PresenceServer | None = None
+        self._fork: ForkServer | None = None
+        self._restarts_seen = 0
+        """Highest job-wide restart count seen: republished if the store forgot it."""
+        self._prev_rank = -1
+        self._master_store: MasterStore | None = None
 
     # -- reporting ------------------------------------------------------
 
@@ -121,9 +150,12 @@ class ElasticAgent:
 
     def run(self) -> int:
         try:
+            self._start_helpers()
             code, message = self._run(), ""
         except _AgentExitError as exc:
             code, message = exc.code, exc.message
+        finally:
+            self._stop_helpers()
         state = {
             ExitCode.SUCCESS: AgentState.SUCCEEDED,
             ExitCode.PREEMPTED: AgentState.LEAVING,
@@ -135,8 +167,81 @@ class ElasticAgent:
         write_termination_log(self.report(), self._environ)
         return int(code)
 
+    def _start_helpers(self) -> None:
+        """Presence server and fork server; from the main thread (parent-death signal)."""
+        try:
+            self._presence = PresenceServer()
+        except OSError as exc:
+            log.warning("no presence server (peers fall back to heartbeats): %s", exc)
+        self._ensure_fork_server()
+
+    def _ensure_fork_server(self) -> None:
+        if not self.config.prewarm or self._nproc < 1:
+            return
+        if self._fork is not None:
+            if self._fork.alive:
+                return
+            log.warning("worker fork server died; starting a new one")
+            self._fork.close()
+            self._fork = None
+        launch = python_launch(self.config.command)
+        if launch is None:
+            return
+        try:
+            self._fork = ForkServer(launch, worker_base_env(self._environ), set_pdeathsig)
+        except OSError as exc:
+            log.warning("no worker fork server (workers spawn cold): %s", exc)
+
+    def _await_warm_workers(self) -> None:
+        """Before joining, let the fork server finish importing (bounded).
+
+        Joining a running group stops its workers; if ours were still
+        importing torch, the whole group would idle until they were ready.
+        Waiting here, the group trains on meanwhile.
+        """
+        if self._fork is None:
+            return
+        deadline = time.monotonic() + _WARMUP_WAIT_S
+        while not self._terminating.is_set() and time.monotonic() < deadline:
+            if self._fork.wait_ready(0.1) or not self._fork.alive:
+                return
+
+    def _stop_helpers(self) -> None:
+        self._close_master_store()
+        if self._fork is not None:
+            self._fork.close()
+        if self._presence is not None:
+            self._presence.close()
+
     def _descriptor(self) -> NodeDescriptor:
-        return NodeDescriptor(self.node_id, self.config.node_addr, free_port(), self._nproc)
+        """Our descriptor for the next round, with a fresh master store listening on its port."""
+        self._close_master_store()
+        port, agent_store = 0, False
+        try:
+            # Imported here: it loads torch, which etcd-only agents may not need before.
+            from torchflex_agent.store_tcp import MasterStore
+
+            master = MasterStore()
+            self._master_store = master
+            port, agent_store = master.port, True
+        except (StoreUnavailableError, ImportError) as exc:
+            log.warning("workers' rank 0 will host their store: %s", exc)
+            port = free_port()
+        watch = self._presence.port if self._presence is not None else 0
+        return NodeDescriptor(
+            self.node_id,
+            self.config.node_addr,
+            port,
+            self._nproc,
+            watch,
+            self._prev_rank,
+            agent_store,
+        )
+
+    def _close_master_store(self) -> None:
+        if self._master_store is not None:
+            self._master_store.close()
+            self._master_store = None
 
     def _open_store(self, why: str) -> KVStore:
         try:
@@ -150,15 +255,18 @@ class ElasticAgent:
         store = self._open_store("startup")
         rdzv = Rendezvous(store, self.config.run_id, self._descriptor(), self._settings)
         min_round = 0
+        expected: int | None = None
         while True:
             if self._terminating.is_set():
                 return ExitCode.PREEMPTED
             self._update(state=AgentState.RENDEZVOUS)
+            self._await_warm_workers()
             rdzv.node = self._descriptor()
             started = time.monotonic()
             try:
-                result = rdzv.next_round(min_round, stop=self._terminating)
-                restarts = int(store.get(rdzv.keys.key(RESTARTS)) or b"0")
+                result = rdzv.next_round(min_round, stop=self._terminating, expected=expected)
+                restarts = rdzv.raise_restarts_to(self._restarts_seen)
+                self._restarts_seen = max(self._restarts_seen, restarts)
             except RendezvousInterruptedError:
                 return ExitCode.PREEMPTED
             except StoreUnavailableError as exc:
@@ -167,6 +275,7 @@ class ElasticAgent:
                 rdzv = Rendezvous(store, self.config.run_id, rdzv.node, self._settings)
                 self._update(last_restart_reason=RestartReason.STORE_LOST)
                 min_round = 0
+                expected = None
                 continue
             except JobFailedError as exc:
                 raise _AgentExitError(ExitCode.USER_ERROR, f"job failed: {exc}") from exc
@@ -189,6 +298,9 @@ class ElasticAgent:
                 (time.monotonic() - started) * 1000,
                 restarts,
             )
+            self._prev_rank = result.node_rank
+            if result.node_rank != 0:
+                self._close_master_store()  # only node rank 0's is used
             self._update(
                 round=result.round,
                 world_size=result.world_size,
@@ -201,13 +313,23 @@ class ElasticAgent:
             except StoreUnavailableError as exc:
                 log.warning("store lost while running: %s; reconnecting", exc)
                 reason = RestartReason.STORE_LOST
+            waiting = 0
             if reason is RestartReason.STORE_LOST:
                 store.close()
                 store = self._open_store("reconnect")
                 rdzv = Rendezvous(store, self.config.run_id, rdzv.node, self._settings)
                 min_round = 0
+                try:
+                    rdzv.end_round_after_store_loss(result.round)
+                except StoreUnavailableError as exc:
+                    log.warning("store lost again: %s", exc)
             else:
                 min_round = result.round + 1
+                try:
+                    waiting = rdzv.waiting_count(result.round)
+                except StoreUnavailableError:
+                    waiting = 0
+            expected = expected_next(result.num_nodes, reason, waiting, self.config.max_nodes)
             log.info("round %d over: %s; re-forming", result.round, reason.value)
             self._update(state=AgentState.RESTARTING, last_restart_reason=reason)
 
@@ -220,10 +342,16 @@ class ElasticAgent:
         ctx = LaunchContext(
             self.config.run_id, restarts, self.config.max_restarts, self._nproc, self._error_dir
         )
-        group = WorkerGroup(self.config.command, result, ctx, self._environ)
+        self._ensure_fork_server()
+        group = WorkerGroup(self.config.command, result, ctx, self._environ, self._fork)
         try:
             group.start()
-            log.info("round %d: started workers, pids %s", result.round, group.pids)
+            log.info(
+                "round %d: started workers (%d forked warm), pids %s",
+                result.round,
+                group.forked,
+                group.pids,
+            )
             self._update(state=AgentState.RUNNING)
             return self._supervise(rdzv, result, group, monitor)
         except BaseException:
@@ -281,6 +409,7 @@ class ElasticAgent:
                 verdict = FailureVerdict.COUNTED_ELSEWHERE
             else:
                 restarts = rdzv.store.add(rdzv.keys.key(RESTARTS), 1)
+                self._restarts_seen = max(self._restarts_seen, restarts)
                 self._update(restarts=restarts)
                 if budget_exhausted(restarts, self.config.max_restarts):
                     text = (

@@ -50,6 +50,8 @@ class AgentConfig:
     liveness_timeout: float
     tls_dir: str | None
     command: tuple[str, ...]
+    prewarm: bool = True
+    """Fork Python workers from a fork server that imported torch ahead of time."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -202,6 +204,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         default=g(tfenv.LIVENESS_TIMEOUT, str(tfenv.DEFAULT_LIVENESS_TIMEOUT_S)),
     )
     p.add_argument("--rdzv-tls-dir", dest="tls_dir", default=g(tfenv.RDZV_TLS_DIR) or None)
+    p.add_argument("--prewarm", dest="prewarm", default=g(tfenv.PREWARM, "auto"))
     p.add_argument("command", nargs=argparse.REMAINDER)
     return p
 
@@ -228,6 +231,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
     liveness = _number("--liveness-timeout", float, 0.05)(ns.liveness_timeout)
     if liveness <= 2 * heartbeat:
         raise ConfigError("--liveness-timeout: must exceed twice --heartbeat-interval")
+    if ns.prewarm not in ("auto", "off"):
+        raise ConfigError(f"--prewarm: expected auto|off, got {ns.prewarm!r}")
     return AgentConfig(
         min_nodes=lo,
         max_nodes=hi,
@@ -248,6 +253,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         liveness_timeout=liveness,
         tls_dir=ns.tls_dir,
         command=tuple(command),
+        prewarm=ns.prewarm == "auto",
     )
 
 

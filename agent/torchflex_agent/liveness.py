@@ -11,14 +11,23 @@ its own store connection (a blocked TCPStore client would stall the other):
   busy node is not evicted for its clock.
 * the stale thread blocks on ``wait([stale])``: when anyone marks the round
   stale, every member learns it within one store round trip.
+* the presence thread (when the successor published a ``watch_port``) holds
+  a TCP connection to the successor's ``PresenceServer``. A process that
+  dies, even by SIGKILL, has its sockets closed by the kernel, so the
+  watcher reads EOF within a network round trip and marks the round stale
+  (MemberLost) at once; the heartbeat timeout remains the fallback for a
+  node that vanishes without closing anything (power loss, partition).
 
-Both report through ``RoundEvent``; store errors report ``StoreLost``.
+They report through ``RoundEvent``; store errors report ``StoreLost``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import selectors
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +42,59 @@ from torchflex_contract.store_keys import FINISHED, HEARTBEAT, STALE, round_key
 log = logging.getLogger(__name__)
 
 _STALE_WAIT_SLICE = 1.0
+_PRESENCE_CONNECT_TIMEOUT = 2.0
+_PRESENCE_POLL = 0.5
+_STOP_JOIN = 0.3
+
+
+class PresenceServer:
+    """Accepts the ring predecessor's presence connections and holds them for the agent's life.
+
+    It never sends anything: the only message is the kernel closing the
+    connections when this process exits.
+    """
+
+    def __init__(self, host: str = "") -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, 0))
+        self._sock.listen(64)
+        self._sock.setblocking(False)
+        self.port = int(self._sock.getsockname()[1])
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._sock, selectors.EVENT_READ)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="presence")
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._sel.select(_PRESENCE_POLL):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock is self._sock:
+                    with contextlib.suppress(OSError):
+                        conn, _addr = self._sock.accept()
+                        conn.setblocking(False)
+                        self._sel.register(conn, selectors.EVENT_READ)
+                    continue
+                try:
+                    data = sock.recv(64)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # the watcher closed its end (its round is over)
+                    self._sel.unregister(sock)
+                    sock.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(_PRESENCE_POLL + 1.0)
+        for key in list(self._sel.get_map().values()):
+            with contextlib.suppress(OSError):
+                key.fileobj.close()  # type: ignore[union-attr]
+        self._sel.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +129,7 @@ class RoundMonitor:
         self._lock = threading.Lock()
         self._event: RoundEvent | None = None
         self._threads: list[threading.Thread] = []
+        self._conn: socket.socket | None = None
 
     @property
     def event(self) -> RoundEvent | None:
@@ -90,13 +153,32 @@ class RoundMonitor:
                 target=self._watch_stale, args=(stale_store,), daemon=True, name="stale"
             ),
         ]
+        succ = self._result.successor
+        if succ is not None and self._result.nodes[succ].watch_port > 0:
+            presence_store = self._rdzv.store.clone()
+            self._threads.append(
+                threading.Thread(
+                    target=self._watch_presence, args=(presence_store,), daemon=True, name="pres"
+                )
+            )
         for t in self._threads:
             t.start()
 
     def stop(self) -> None:
+        """Stop watching; returns within a fraction of a second (re-forming waits on it).
+
+        A thread still blocked in a store wait finishes on its own, on its
+        own connection; whatever it reports concerns a round that is over.
+        """
         self._stop.set()
+        with self._lock:
+            conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + _STOP_JOIN
         for t in self._threads:
-            t.join(timeout=_STALE_WAIT_SLICE + 2.0)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _key(self, *parts: object) -> str:
         return round_key(self._rdzv.keys, self._result.round, *parts)
@@ -114,15 +196,58 @@ class RoundMonitor:
                     if tracker.observe(value, self._clock()) and (
                         store.get(self._key(FINISHED, succ)) is None
                     ):
-                        detail = f"node rank {succ} stopped heartbeating"
-                        log.warning("round %d: %s", self._result.round, detail)
-                        mark = StaleMark(RestartReason.MEMBER_LOST, self._rdzv.node.node_id, detail)
-                        store.compare_set(self._key(STALE), None, mark.encode())
+                        self._mark_lost(store, succ, f"node rank {succ} stopped heartbeating")
                         return  # the stale thread reports whichever mark won
                 self._stop.wait(self._settings.heartbeat_interval)
         except StoreUnavailableError as exc:
             self._report(RoundEvent(RestartReason.STORE_LOST, str(exc)))
         finally:
+            store.close()
+
+    def _mark_lost(self, store: KVStore, succ: int, detail: str) -> None:
+        if store.get(self._key(FINISHED, succ)) is not None:
+            return  # it finished and exited: not a loss
+        log.warning("round %d: %s", self._result.round, detail)
+        mark = StaleMark(RestartReason.MEMBER_LOST, self._rdzv.node.node_id, detail)
+        store.compare_set(self._key(STALE), None, mark.encode())
+
+    def _watch_presence(self, store: KVStore) -> None:
+        succ = self._result.successor
+        assert succ is not None
+        peer = self._result.nodes[succ]
+        conn: socket.socket | None = None
+        try:
+            try:
+                conn = socket.create_connection(
+                    (peer.addr, peer.watch_port), timeout=_PRESENCE_CONNECT_TIMEOUT
+                )
+            except OSError as exc:
+                # Unreachable is not proof of death (a network policy may
+                # drop it): leave the verdict to the heartbeat.
+                log.info("round %d: no presence link to node rank %d: %s",
+                         self._result.round, succ, exc)  # fmt: skip
+                return
+            conn.settimeout(_PRESENCE_POLL)
+            with self._lock:
+                self._conn = conn
+            while not self._stop.is_set():
+                try:
+                    data = conn.recv(64)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    if not self._stop.is_set():
+                        self._mark_lost(
+                            store, succ, f"node rank {succ}'s agent exited (presence link closed)"
+                        )
+                    return
+        except StoreUnavailableError as exc:
+            self._report(RoundEvent(RestartReason.STORE_LOST, str(exc)))
+        finally:
+            if conn is not None:
+                conn.close()
             store.close()
 
     def _watch_stale(self, store: KVStore) -> None:

@@ -18,7 +18,10 @@ Protocol for round r (one pass, a handful of round trips per node):
    the others block on ``r/closed`` (server-side wait / etcd watch), closing
    it themselves once min arrived and the last call passed;
 4. exactly one ``compare_set(r/closed, absent, membership)`` wins; indices
-   below its count are members (node rank = index), the rest are waiters.
+   below its count are members, the rest are waiters. The closer orders the
+   members by their rank in the previous round (``rdzv_logic.rank_order``),
+   newcomers last, so a re-formed group keeps its rank 0 (the master, whose
+   worker is warm) instead of handing it to a node still starting up.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from torchflex_agent.rdzv_logic import (
     close_decision,
     decode_membership,
     encode_membership,
+    rank_order,
     standing,
     waiter_marks_stale,
 )
@@ -58,6 +62,7 @@ from torchflex_contract.store_keys import (
     CURRENT_ROUND,
     JOB_CLOSED,
     NODE,
+    RESTARTS,
     STALE,
     WAITING,
     Keys,
@@ -108,6 +113,51 @@ class Rendezvous:
             return str(data["outcome"]), str(data.get("message", ""))
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreProtocolError(f"malformed job closure: {exc}") from exc
+
+    def restarts(self) -> int:
+        raw = self.store.get(self.keys.key(RESTARTS))
+        try:
+            return int(raw) if raw is not None else 0
+        except ValueError as exc:
+            raise StoreProtocolError(f"malformed restart counter {raw!r}") from exc
+
+    def raise_restarts_to(self, seen: int) -> int:
+        """Make the job's restart counter at least ``seen``; returns the counter after.
+
+        A c10d store pod that restarts comes back empty, and with it the
+        job-wide restart count. Every agent remembers the highest count it
+        has seen and republishes it: a compare-and-set from the value read,
+        so concurrent agents never add twice and a count already higher
+        (a failure counted meanwhile) is never lowered.
+        """
+        key = self.keys.key(RESTARTS)
+        for _ in range(16):
+            raw = self.store.get(key)
+            try:
+                current = int(raw) if raw is not None else 0
+            except ValueError as exc:
+                raise StoreProtocolError(f"malformed restart counter {raw!r}") from exc
+            if current >= seen:
+                return current
+            self.store.compare_set(key, raw, str(seen).encode())
+        return self.restarts()
+
+    def end_round_after_store_loss(self, round_no: int) -> None:
+        """After reconnecting: if the store still holds our round (etcd persists), end it.
+
+        Its members all lost the store at once and stopped their workers; a
+        round that still looks closed and healthy would make them wait on it
+        as if it were someone else's. An empty store (a restarted c10d store
+        pod) holds nothing to end, and a round number reused there is not ours.
+        """
+        raw = self.store.get(round_key(self.keys, round_no, CLOSED))
+        if raw is None:
+            return
+        if any(n.node_id == self.node.node_id for n in decode_membership(raw)):
+            self.mark_stale(round_no, RestartReason.STORE_LOST, self.node.node_id)
+
+    def waiting_count(self, round_no: int) -> int:
+        return self.store.add(round_key(self.keys, round_no, WAITING), 0)
 
     def close_job(self, outcome: str, message: str = "") -> None:
         value = json.dumps({"outcome": outcome, "message": message, "by": self.node.node_id})
@@ -167,10 +217,15 @@ class Rendezvous:
     # -- joining --------------------------------------------------------
 
     def next_round(
-        self, min_round: int = 0, stop: threading.Event | None = None
+        self,
+        min_round: int = 0,
+        stop: threading.Event | None = None,
+        expected: int | None = None,
     ) -> RendezvousResult:
         """Block until this node is a member of a closed, healthy round.
 
+        ``expected``: how many nodes should come (``rdzv_logic.expected_next``);
+        the round closes as soon as they have, without the last call.
         Raises ``RendezvousTimeoutError`` after the join timeout,
         ``RendezvousInterruptedError`` when ``stop`` is set, and the job-closed
         errors when the job is over. Store errors propagate.
@@ -187,7 +242,7 @@ class Rendezvous:
                 self._wait_out_round(round_no, len(decode_membership(closed)), deadline, stop)
                 round_no = self._advance(round_no)
                 continue
-            result = self._join(round_no, deadline, stop)
+            result = self._join(round_no, deadline, stop, expected)
             if result is not None:
                 return result
             round_no = self._advance(round_no)
@@ -224,7 +279,11 @@ class Rendezvous:
             self._raise_if_job_closed()
 
     def _join(
-        self, round_no: int, deadline: float, stop: threading.Event | None
+        self,
+        round_no: int,
+        deadline: float,
+        stop: threading.Event | None,
+        expected: int | None = None,
     ) -> RendezvousResult | None:
         """Arrive in an open round; None if we ended up waiting or the round died."""
         index = self.store.add(round_key(self.keys, round_no, ARRIVALS), 1) - 1
@@ -247,6 +306,7 @@ class Rendezvous:
                 settings=self.settings,
                 min_reached_at=min_reached_at,
                 fallback_wait=fallback,
+                expected=expected,
             )
             min_reached_at = decision.min_reached_at
             if decision.close:
@@ -261,11 +321,12 @@ class Rendezvous:
         if standing(index, len(nodes)) is Standing.WAITER:
             self._wait_out_round(round_no, len(nodes), deadline, stop)
             return None
-        if nodes[index].node_id != self.node.node_id:
+        ranks = [i for i, n in enumerate(nodes) if n.node_id == self.node.node_id]
+        if len(ranks) != 1:
             raise StoreProtocolError(
-                f"round {round_no}: index {index} belongs to {nodes[index].node_id}, not us"
+                f"round {round_no}: admitted as arrival {index} but listed {len(ranks)} times"
             )
-        return RendezvousResult(round=round_no, node_rank=index, nodes=nodes)
+        return RendezvousResult(round=round_no, node_rank=ranks[0], nodes=nodes)
 
     def _try_close(self, round_no: int, count: int) -> None:
         """Close the round with the first ``count`` arrivals (one writer wins)."""
@@ -286,6 +347,6 @@ class Rendezvous:
             if raw is None:
                 raise StoreProtocolError(f"descriptor {key} vanished")
             nodes.append(NodeDescriptor.from_json(json.loads(raw)))
-        value = encode_membership(nodes, closer=self.node.node_id)
+        value = encode_membership(rank_order(nodes), closer=self.node.node_id)
         won = self.store.compare_set(round_key(self.keys, round_no, CLOSED), None, value) == value
         log.debug("round %d: close with %d nodes, won=%s", round_no, count, won)

@@ -4,7 +4,10 @@ Where it sits: an alternative to the TCPStore backend for clusters that
 already run etcd (or where the store must survive restarts: etcd persists,
 a TCPStore pod does not). Uses ``etcd3gw`` (HTTP/JSON, no grpc wheels).
 ``compare_set`` is one transaction, ``add`` is a bounded compare-and-swap
-loop on the key's ``mod_revision``, and ``wait`` is a watch started at the
+loop on the key's ``mod_revision`` (a lost race returns the winner's value
+and revision in the same reply, so a retry costs one request, not two,
+and retries back off with jitter so N contending agents do not collide in
+lock-step), and ``wait`` is a watch started at the
 revision right after the read that found the key missing, so a write landing
 between the read and the watch is never lost.
 """
@@ -12,6 +15,7 @@ between the read and the watch is never lost.
 from __future__ import annotations
 
 import base64
+import random
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -22,6 +26,8 @@ from etcd3gw import exceptions as etcd_exc
 from torchflex_agent.errors import StoreUnavailableError
 
 _MAX_ADD_ATTEMPTS = 200
+_ADD_BACKOFF_S = 0.002
+_ADD_BACKOFF_MAX_S = 0.05
 
 
 def _b64(data: bytes) -> str:
@@ -94,7 +100,8 @@ class EtcdKVStore:
 
     def _txn_put(
         self, key: str, compare: dict[str, Any], value: bytes
-    ) -> tuple[bool, bytes | None]:
+    ) -> tuple[bool, bytes | None, int]:
+        """(won, value now, its mod_revision: 0 if absent or unknown)."""
         bkey = _b64(key.encode())
         compare = {"key": bkey, "result": "EQUAL", **compare}
         txn = {
@@ -104,22 +111,33 @@ class EtcdKVStore:
         }
         result = self._post("/kv/txn", txn)
         if result.get("succeeded"):
-            return True, value
+            return True, value, 0
         responses = result.get("responses") or [{}]
         kvs = responses[0].get("response_range", {}).get("kvs") or []
-        return False, (_unb64(kvs[0].get("value", "")) if kvs else None)
+        if not kvs:
+            return False, None, 0
+        return False, _unb64(kvs[0].get("value", "")), int(kvs[0].get("mod_revision", 0))
 
     def add(self, key: str, amount: int) -> int:
+        value, mod_rev, _rev = self._range(key)
+        if amount == 0 and value is not None:
+            # A read (the protocol reads counters with add(0), TCPStore's
+            # non-blocking read); writing it back would only add contention.
+            return int(value)
+        backoff = _ADD_BACKOFF_S
         for _ in range(_MAX_ADD_ATTEMPTS):
-            value, mod_rev, _rev = self._range(key)
             new = (int(value) if value else 0) + amount
             if value is None:
                 compare: dict[str, Any] = {"target": "CREATE", "create_revision": 0}
             else:
                 compare = {"target": "MOD", "mod_revision": mod_rev}
-            won, _ = self._txn_put(key, compare, str(new).encode())
+            won, value, mod_rev = self._txn_put(key, compare, str(new).encode())
             if won:
                 return new
+            time.sleep(random.uniform(0, backoff))
+            backoff = min(backoff * 2, _ADD_BACKOFF_MAX_S)
+            if value is not None and mod_rev == 0:
+                value, mod_rev, _rev = self._range(key)
         raise StoreUnavailableError(f"etcd add on {key}: too much contention")
 
     def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes | None:
@@ -127,7 +145,7 @@ class EtcdKVStore:
             compare: dict[str, Any] = {"target": "CREATE", "create_revision": 0}
         else:
             compare = {"target": "VALUE", "value": _b64(expected)}
-        _won, value = self._txn_put(key, compare, desired)
+        _won, value, _mod = self._txn_put(key, compare, desired)
         return value
 
     def wait(self, keys: Sequence[str], timeout: float) -> bool:

@@ -113,6 +113,32 @@ class TCPKVStore:
         del self._store
 
 
+class MasterStore:
+    """A TCPStore server the agent runs for its workers' process group (one per round).
+
+    Bound to an ephemeral port when created, so the port published in the
+    node's descriptor is already taken by us (no free-port race) and is
+    listening before any worker of the round starts.
+    """
+
+    def __init__(self) -> None:
+        try:
+            self._store: TCPStore | None = TCPStore(
+                "0.0.0.0",
+                0,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=datetime.timedelta(seconds=60),
+            )
+        except (DistError, RuntimeError) as exc:
+            raise StoreUnavailableError(f"cannot serve a master store: {exc}") from exc
+        self.port = int(self._store.port)
+
+    def close(self) -> None:
+        # The server stops when its last reference goes.
+        self._store = None
+
+
 def connect_with_retry(host: str, port: int, deadline: float) -> TCPKVStore:
     """Connect, retrying with backoff until ``deadline`` (a ``time.monotonic()`` value).
 

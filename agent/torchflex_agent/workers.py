@@ -12,6 +12,11 @@ their exception to us unchanged.
 
 Popen must be called from the agent's main thread: the kernel sends the
 parent-death signal when the *thread* that forked exits.
+
+When the agent runs a fork server (``prewarm``), workers are forked by it
+instead (torch already imported); they look the same to this module
+(``ForkedProc`` has the ``Popen`` methods used here) and fall back to
+``Popen`` if the fork server is gone.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
+from torchflex_agent.prewarm import ForkServer, ZygoteGoneError
 from torchflex_agent.rdzv_logic import RendezvousResult
 
 _PR_SET_PDEATHSIG = 1
@@ -53,7 +59,7 @@ def worker_env(
 ) -> dict[str, str]:
     """The environment torchrun gives local worker ``local_rank`` of this round."""
     rank = result.rank_offset + local_rank
-    env = dict(base)
+    env = worker_base_env(base)
     env.update(
         {
             "RANK": str(rank),
@@ -70,11 +76,21 @@ def worker_env(
             "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(ctx.max_restarts),
             "TORCHELASTIC_RUN_ID": ctx.run_id,
-            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_USE_AGENT_STORE": str(result.master.agent_store),
             "TORCHELASTIC_ERROR_FILE": str(error_file(ctx, result.round, rank)),
-            "PYTHONUNBUFFERED": base.get("PYTHONUNBUFFERED", "1"),
         }
     )
+    return env
+
+
+def worker_base_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The part of every worker's env that no round changes.
+
+    The fork server is started with it: libraries read some of it once, at
+    import (OpenMP reads ``OMP_NUM_THREADS`` when torch loads it).
+    """
+    env = dict(base)
+    env["PYTHONUNBUFFERED"] = base.get("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -96,7 +112,15 @@ def read_error_file(path: Path) -> str | None:
     return str(message) if message is not None else None
 
 
-def _set_pdeathsig() -> None:
+class _Proc(Protocol):
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def set_pdeathsig() -> None:
     """Runs in the child between fork and exec."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -159,13 +183,17 @@ class WorkerGroup:
         result: RendezvousResult,
         ctx: LaunchContext,
         base_env: Mapping[str, str],
+        forkserver: ForkServer | None = None,
     ) -> None:
         self._cmd = list(cmd)
         self._result = result
         self._ctx = ctx
         self._base_env = base_env
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._forkserver = forkserver
+        self._procs: list[_Proc] = []
         self._prefixers: list[_Prefixer] = []
+        self.forked = 0
+        """How many of this round's workers came from the fork server."""
 
     @property
     def pids(self) -> list[int]:
@@ -177,20 +205,43 @@ class WorkerGroup:
             efile = Path(env["TORCHELASTIC_ERROR_FILE"])
             efile.parent.mkdir(parents=True, exist_ok=True)
             efile.unlink(missing_ok=True)
-            proc = subprocess.Popen(
-                self._cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - prctl must run in the child
-            )
+            forked = self._fork(env)
+            if forked is not None:
+                proc, stdout, stderr = forked
+                self.forked += 1
+            else:
+                popen = subprocess.Popen(
+                    self._cmd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=set_pdeathsig,  # noqa: PLW1509 - prctl must run in the child
+                )
+                assert popen.stdout is not None and popen.stderr is not None
+                proc, stdout, stderr = popen, popen.stdout, popen.stderr
             prefix = f"[rank {env['RANK']}] ".encode()
-            assert proc.stdout is not None and proc.stderr is not None
-            self._prefixers.append(_Prefixer(proc.stdout, sys.stdout.buffer, prefix))
-            self._prefixers.append(_Prefixer(proc.stderr, sys.stderr.buffer, prefix))
+            self._prefixers.append(_Prefixer(stdout, sys.stdout.buffer, prefix))
+            self._prefixers.append(_Prefixer(stderr, sys.stderr.buffer, prefix))
             self._procs.append(proc)
+
+    def _fork(self, env: Mapping[str, str]) -> tuple[_Proc, IO[bytes], IO[bytes]] | None:
+        """A worker from the fork server with its output pipes, or None to spawn normally."""
+        if self._forkserver is None or not self._forkserver.alive:
+            return None
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = self._forkserver.spawn(env, out_w, err_w)
+        except ZygoteGoneError:
+            os.close(out_r)
+            os.close(err_r)
+            return None
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        return proc, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb")
 
     def poll(self) -> tuple[GroupState, list[WorkerFailure]]:
         """RUNNING while any worker runs and none failed; FAILED on the first failure."""

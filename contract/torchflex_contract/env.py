@@ -55,6 +55,8 @@ LIVENESS_TIMEOUT: Final = "TORCHFLEX_LIVENESS_TIMEOUT"
 """Seconds without heartbeat progress (watcher's own clock) before a peer counts as lost."""
 STOP_GRACE: Final = "TORCHFLEX_STOP_GRACE"
 """Seconds workers get after SIGTERM on a membership change before SIGKILL."""
+PREWARM: Final = "TORCHFLEX_PREWARM"
+"""``auto`` (default): fork Python workers from a warm fork server; ``off``: plain spawn."""
 
 DEFAULT_HEARTBEAT_INTERVAL_S: Final = 0.2
 DEFAULT_LIVENESS_TIMEOUT_S: Final = 1.5

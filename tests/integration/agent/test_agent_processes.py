@@ -26,6 +26,8 @@ from tests.integration.agent.tfagent_helpers import (
     PYTHON,
     LineLog,
     child_env,
+    free_port,
+    start_etcd,
     start_store,
     stop_process,
 )
@@ -33,6 +35,7 @@ from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState
 
 FAILING = str(Path(__file__).with_name("failing_train.py"))
+FAIL_ONCE = str(Path(__file__).with_name("fail_once.py"))
 STEP = re.compile(r"^\[rank (\d+)\] step=(\d+) .*world=(\d+)")
 
 
@@ -44,11 +47,20 @@ class Job:
         self.run_id = f"it-{uuid.uuid4().hex[:8]}"
         self.ckpt = tmp / "ckpt"
         self.store: subprocess.Popen[str] | None = None
+        self.etcd: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.backend = "c10d"
         self.agents: list[LineLog] = []
 
     def start_store(self, port: int = 0) -> None:
         self.store, self.port, _ = start_store(port)
+
+    def start_etcd(self, data_dir: Path, client: int = 0, peer: int = 0) -> int:
+        """A real etcd as the rendezvous backend; returns its peer port (to restart in place)."""
+        peer = peer or free_port()
+        self.etcd, self.port = start_etcd(data_dir, client=client or self.port, peer=peer)
+        self.backend = "etcd"
+        return peer
 
     def start_agent(
         self, script_args: list[str], nnodes: str, extra: list[str] | None = None
@@ -58,7 +70,7 @@ class Job:
             AGENT_BIN,
             "--nnodes", nnodes,
             "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d",
+            "--rdzv-backend", self.backend,
             "--rdzv-endpoint", f"127.0.0.1:{self.port}",
             "--rdzv-id", self.run_id,
             "--rdzv-last-call", "0.5",
@@ -90,6 +102,8 @@ class Job:
             stop_process(a.proc, grace=20)
         if self.store is not None:
             stop_process(self.store)
+        if self.etcd is not None:
+            stop_process(self.etcd)
 
 
 @pytest.fixture()
@@ -170,6 +184,10 @@ def test_sigkill_one_agent_survivors_resume_from_same_step(job: Job) -> None:
     for log in survivors:
         assert log.proc.poll() is None, "a survivor exited"
         assert "MemberLost" in log.text() or "WorkerFailed" not in log.text()
+    # The victim's predecessor saw its presence link close (no heartbeat timeout).
+    assert any("presence link closed" in log.text() for log in survivors)
+    # Survivors' new workers were forked warm, not spawned cold.
+    assert all(log.matching(r"started workers \(1 forked warm\)") for log in survivors)
     detected, _ = rank0.wait_for(lambda s: "re-forming" in s, 1, after=killed_at)
     formed, _ = rank0.wait_for(lambda s: "rendezvous took" in s, 1, after=killed_at)
     # The victim's worker died with it (parent-death signal), no orphan trains on.
@@ -251,3 +269,64 @@ def test_failing_script_restarts_then_user_error(job: Job) -> None:
         assert "ValueError" in report.message or "deliberate failure" in report.message
     assert any("boom-7f3a" in log.text() for log in logs)
     json.loads((job.tmp / "termination-0.log").read_text())
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("keep_data", [True, False], ids=["etcd-restart", "etcd-replaced-empty"])
+def test_etcd_restart_agents_reform(job: Job, tmp_path: Path, keep_data: bool) -> None:
+    """etcd goes away mid-job and comes back on the same address.
+
+    With its data (a restarted member): the closed round is still there and
+    its members must end it, not wait on it as if it were someone else's.
+    Empty (a replaced, non-persistent etcd pod): everything starts over.
+    """
+    data = tmp_path / "etcd-data"
+    peer = job.start_etcd(data)
+    logs = [job.start_agent(job.train_args(), "2:2") for _ in range(2)]
+    for log in logs:
+        log.wait_for(lambda s: "step=6 " in s, 90)
+    assert job.etcd is not None
+    job.etcd.send_signal(signal.SIGKILL)
+    job.etcd.wait(10)
+    lost_at = time.monotonic()
+    time.sleep(1.0)
+    job.start_etcd(data if keep_data else tmp_path / "etcd-fresh", client=job.port, peer=peer)
+    for log in logs:
+        log.wait_for(lambda s: "StoreLost" in s, 30, after=lost_at)
+        log.wait_for(lambda s: "resumed from step=" in s, 60, after=lost_at)
+        log.wait_for(lambda s: world_line(2).search(s) is not None, 60, after=lost_at)
+    rounds = {int(m.group(1)) for log in logs for t, m in log.matching(r"round (\d+): node rank")
+              if t > lost_at}  # fmt: skip
+    assert len(rounds) == 1, f"the agents re-formed in different rounds: {rounds}"
+    for log in logs:
+        assert log.proc.poll() is None
+        log.proc.send_signal(signal.SIGTERM)
+    for log in logs:
+        assert log.proc.wait(40) == ExitCode.PREEMPTED
+
+
+@pytest.mark.timeout(180)
+def test_restart_count_survives_store_restart(job: Job) -> None:
+    """The job-wide restart count is republished by the agents after the store lost it."""
+    job.start_store()
+    logs = [job.start_agent([PYTHON, FAIL_ONCE], "2:2") for _ in range(2)]
+    for log in logs:
+        log.wait_for(lambda s: "running restart_count=1" in s, 90)
+    assert job.store is not None
+    port = job.port
+    job.store.send_signal(signal.SIGKILL)
+    job.store.wait(10)
+    lost_at = time.monotonic()
+    time.sleep(0.5)
+    job.start_store(port)
+    for log in logs:
+        log.wait_for(lambda s: "StoreLost" in s, 30, after=lost_at)
+        # Workers of the re-formed group see the count from before the
+        # store restart (1), not a fresh 0 (which would make the script fail).
+        log.wait_for(lambda s: "running restart_count=1" in s, 60, after=lost_at)
+    for log in logs:
+        assert not [m for t, m in log.matching(r"restart_count=0") if t > lost_at]
+        assert log.proc.poll() is None
+        log.proc.send_signal(signal.SIGTERM)
+    for log in logs:
+        assert log.proc.wait(40) == ExitCode.PREEMPTED

@@ -135,8 +135,11 @@ def etcd_binary() -> str:
     return str(Path(out.stdout.strip()) / "etcd")
 
 
-def start_etcd(data_dir: Path, timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], int]:
-    client, peer = free_port(), free_port()
+def start_etcd(
+    data_dir: Path, timeout: float = 30.0, client: int = 0, peer: int = 0
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A real etcd on 127.0.0.1 (given ports, e.g. to restart it in place, or free ones)."""
+    client, peer = client or free_port(), peer or free_port()
     proc = subprocess.Popen(
         [
             etcd_binary(),

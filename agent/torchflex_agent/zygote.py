@@ -1,0 +1,249 @@
+"""The warm worker fork server ("zygote"): import torch once, fork a worker per round.
+
+Where it sits: ``prewarm.ForkServer`` (in the agent) starts this module's
+source with the *training command's* interpreter, as ``python [opts] -c
+<this file> <fd> <target json>``, so it runs stdlib-only and never imports
+torchflex. At start it imports what the training script imports at its top
+level (found by parsing the script, e.g. ``torch``, ``torch.distributed``):
+the 1.5-3 s that a fresh ``python train.py`` spends importing is paid once,
+before any round needs a worker. Then it serves spawn requests over a
+``SOCK_SEQPACKET`` Unix socket: each request carries the worker's env and
+argv plus its stdout/stderr pipe ends (``SCM_RIGHTS``); the zygote forks a
+child that becomes the worker (own session, parent-death signal, env and
+argv set, then ``runpy`` runs the script as ``__main__``), answers with the
+pid, and reports the child's exit status when it reaps it.
+
+Messages (one JSON object per packet):
+  agent -> zygote: ``{"op": "spawn", "id": N, "env": {...}, "argv": [...], "cwd": "..."}``
+                   with 2 fds (stdout, stderr); argv is ``[script, args...]`` or
+                   ``["-m", module, args...]`` (what follows the interpreter options)
+  zygote -> agent: ``{"op": "ready"}`` once preloaded; ``{"op": "spawned", "id": N,
+                   "pid": P}`` or ``{"op": "failed", "id": N, "message": ...}``;
+                   ``{"op": "exit", "pid": P, "code": C}`` (C < 0: killed by signal -C)
+
+A worker ends like a Python process would (exit code, traceback, atexit
+handlers, non-daemon threads joined) but skips the interpreter's module
+teardown, which costs seconds with torch loaded on a busy machine and sits
+on the critical path of every re-formed group.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+_MAX_PACKET = 1 << 20
+# Modules torch imports lazily on paths every training script takes: the
+# first optimizer construction imports torch._dynamo (and sympy, ~900
+# modules, ~1 s). Importing them runs no kernels and starts no threads, so
+# forking afterwards stays safe.
+_TORCH_LAZY = ("torch._dynamo",)
+
+
+def preimport_names(source: str) -> list[str]:
+    """Absolute modules a script imports at its top level (incl. under ``try``/``if``).
+
+    ``from a.b import c`` yields ``a.b`` and ``a.b.c`` (``c`` may be a
+    submodule; importing a name that is not one just fails, harmlessly).
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+            names += [f"{node.module}.{alias.name}" for alias in node.names if alias.name != "*"]
+        elif isinstance(node, ast.Try):
+            todo += node.body
+        elif isinstance(node, ast.If):
+            todo += node.body + node.orelse
+    seen: set[str] = set()
+    return [n for n in names if not (n in seen or seen.add(n))]  # type: ignore[func-returns-value]
+
+
+def _preload(target: dict[str, Any]) -> None:
+    """Import installed modules the script uses; never the script's own folder's modules.
+
+    The script's directory and the working directory are kept off
+    ``sys.path`` meanwhile: a local module may read RANK & co. at import
+    time, which must happen in the worker, with its env, not here.
+    """
+    names: list[str] = []
+    if target.get("kind") == "path":
+        try:
+            with open(target["target"], encoding="utf-8") as f:
+                names = preimport_names(f.read())
+        except (OSError, UnicodeDecodeError):
+            names = []
+    else:
+        names = ["torch", "torch.distributed"]
+    saved = list(sys.path)
+    cwd = os.getcwd()
+    local = {"", ".", cwd, os.path.dirname(os.path.abspath(str(target.get("target", ""))))}
+    sys.path[:] = [p for p in sys.path if p not in local]
+    try:
+        for name in names:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+        if "torch" in sys.modules:
+            for name in _TORCH_LAZY:
+                with contextlib.suppress(Exception):
+                    importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
+
+
+def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        sock.send(json.dumps(msg).encode())
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _finish(code: int) -> None:
+    """End the worker as Python would, minus the slow module teardown."""
+    main = threading.main_thread()
+    for t in threading.enumerate():
+        if t is not main and not t.daemon:
+            with contextlib.suppress(RuntimeError):
+                t.join()
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    os._exit(code)
+
+
+def _become_worker(req: dict[str, Any], fds: list[int], zygote_pid: int) -> None:
+    """In the forked child: detach, wire stdio, set env and argv, run the script; never returns."""
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != zygote_pid:  # the zygote died before prctl took effect
+            os._exit(1)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for fd in (devnull, *fds):
+            if fd > 2:
+                os.close(fd)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        argv = list(req["argv"])
+    except BaseException:
+        os._exit(127)
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    _finish(code)
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, {"op": "exit", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def serve(sock: socket.socket) -> None:
+    """Answer spawn requests until the agent closes its end (then exit; workers follow)."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    me = os.getpid()
+    while True:
+        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        if wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+        _reap(sock)
+        if sock.fileno() not in readable:
+            continue
+        msg, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 4)
+        if not msg:
+            return
+        req = json.loads(msg)
+        if req.get("op") != "spawn" or len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"op": "failed", "id": req.get("id"), "message": "bad request"})
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            _send(sock, {"op": "failed", "id": req["id"], "message": str(exc)})
+        else:
+            if pid == 0:
+                sock.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                _become_worker(req, fds, me)
+            _send(sock, {"op": "spawned", "id": req["id"], "pid": pid})
+        for fd in fds:
+            os.close(fd)
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    target: dict[str, Any] = json.loads(sys.argv[2])
+    _preload(target)
+    _send(sock, {"op": "ready"})
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main()

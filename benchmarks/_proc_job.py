@@ -1,0 +1,259 @@
+"""Real process-level training jobs on loopback, for the recovery and preemption benchmarks.
+
+Where it sits: ``benchmarks.recovery`` and ``benchmarks.preemption`` start a
+``ProcJob`` per repetition: N launcher processes (``torchflex-agent`` with a
+``torchflex-agent store`` process, or stock ``torchrun`` with its c10d
+rendezvous) that each run one worker of ``examples/train_elastic.py
+--print-time``. This module does the I/O (spawn, collect output lines,
+signal process trees); the arithmetic is in ``benchmarks._proc_logs``.
+
+Rules it keeps: every process is started here and stopped by PID (the whole
+tree it spawned, read from ``/proc`` before signalling); every wait is
+bounded; everything listens on and dials 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from benchmarks._proc_logs import StepLine, parse_steps
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+AGENT_BIN = str(VENV_BIN / "torchflex-agent")
+TORCHRUN_BIN = str(VENV_BIN / "torchrun")
+EXAMPLE = str(REPO / "examples" / "train_elastic.py")
+
+# torchrun's rendezvous settings. "default" changes nothing that affects
+# timing; max restarts must be > 0 for any recovery (its default 0 fails the
+# job on the first peer loss), and the shared store is disabled because with
+# it a scale-up join can deadlock (DESIGN.md). "tuned" is the fastest that
+# torchrun's integer-second settings allow without evicting healthy nodes on
+# a busy machine: 1 s keep-alive, eviction after 2 missed (2 s), 1 s last call.
+TORCHRUN_CONF = {
+    "default": "",
+    "tuned": "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2",
+}
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def signal_tree(pid: int, sig: signal.Signals) -> None:
+    """Signal ``pid`` and every process it spawned (a pod's container dying)."""
+    tree = [pid, *descendants(pid)]
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, sig)
+
+
+class Lines:
+    """A process's merged output, collected by a thread with arrival wall times."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], name: str) -> None:
+        self.proc = proc
+        self.name = name
+        self._lines: list[tuple[float, str]] = []
+        self._lock = threading.Lock()
+        assert proc.stdout is not None
+        self._thread = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: object) -> None:
+        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
+            with self._lock:
+                self._lines.append((time.time(), raw.decode(errors="replace").rstrip("\n")))
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            return [line for _, line in self._lines]
+
+    def timed(self) -> list[tuple[float, str]]:
+        with self._lock:
+            return list(self._lines)
+
+    def steps(self) -> list[StepLine]:
+        return parse_steps(self.lines())
+
+
+@dataclasses.dataclass(frozen=True)
+class Flavor:
+    """Which launcher runs the job: ``torchflex`` or ``torchrun-default``/``torchrun-tuned``."""
+
+    name: str
+
+    @property
+    def is_torchrun(self) -> bool:
+        return self.name.startswith("torchrun")
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(poll)
+    return pred()
+
+
+class ProcJob:
+    """One elastic job of real launcher processes; ``close()`` kills all it started."""
+
+    def __init__(
+        self,
+        flavor: Flavor,
+        workdir: Path,
+        *,
+        nnodes: str = "2:3",
+        step_time: float = 0.1,
+        ckpt_every: int = 10,
+        sigterm_hook: bool = True,
+        agent_args: Sequence[str] = (),
+    ) -> None:
+        self.flavor = flavor
+        self.workdir = workdir
+        self.nnodes = nnodes
+        self.step_time = step_time
+        self.ckpt_every = ckpt_every
+        self.sigterm_hook = sigterm_hook
+        self.agent_args = list(agent_args)
+        self.run_id = f"bench-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+        self.port = free_port()
+        self.ckpt = workdir / "ckpt"
+        self.store: Lines | None = None
+        self.nodes: list[Lines] = []
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHFLEX_")}
+        env.update(
+            PYTHONUNBUFFERED="1",
+            PYTHONWARNINGS="ignore",
+            OMP_NUM_THREADS="1",
+            TRAIN_PRINT_TIME="1",
+        )
+        if not self.sigterm_hook:
+            env["TRAIN_NO_SIGTERM_HOOK"] = "1"
+        if self.flavor.is_torchrun:
+            env.update(TORCHRUN_ENV)
+        return env
+
+    def _script(self) -> list[str]:
+        return [
+            EXAMPLE, "--steps", "1000000", "--step-time", str(self.step_time),
+            "--ckpt-dir", str(self.ckpt), "--ckpt-every", str(self.ckpt_every),
+        ]  # fmt: skip
+
+    def _spawn(self, cmd: list[str], name: str, env: dict[str, str]) -> Lines:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=True,
+        )
+        return Lines(proc, name)
+
+    def start_store(self) -> None:
+        if self.flavor.is_torchrun:
+            return  # torchrun's node 0 hosts its rendezvous store
+        cmd = [AGENT_BIN, "store", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.store = self._spawn(cmd, "store", self._env())
+        if not wait_until(lambda: any("listening on" in x for x in self.store.lines()), 60):  # type: ignore[union-attr]
+            raise RuntimeError("store did not start: " + "\n".join(self.store.lines()[-10:]))
+
+    def start_node(self) -> Lines:
+        i = len(self.nodes)
+        endpoint = f"127.0.0.1:{self.port}"
+        if self.flavor.is_torchrun:
+            conf = ",".join(x for x in (f"is_host={1 if i == 0 else 0}", self._conf()) if x)
+            cmd = [
+                TORCHRUN_BIN, "--nnodes", self.nnodes, "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                "--rdzv-id", self.run_id, "--rdzv-conf", conf, "--max-restarts", "100",
+                *self._script(),
+            ]  # fmt: skip
+        else:
+            cmd = [
+                AGENT_BIN, "--nnodes", self.nnodes, "--nproc-per-node", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                "--rdzv-id", self.run_id, "--health-port", "0", "--max-restarts", "100",
+                *self.agent_args, "--", sys.executable, *self._script(),
+            ]  # fmt: skip
+        node = self._spawn(cmd, f"node{i}", self._env())
+        self.nodes.append(node)
+        return node
+
+    def _conf(self) -> str:
+        return TORCHRUN_CONF["tuned" if self.flavor.name.endswith("tuned") else "default"]
+
+    def live_nodes(self) -> list[Lines]:
+        return [n for n in self.nodes if n.proc.poll() is None]
+
+    def wait_training(self, nodes: Sequence[Lines], world: int, after: float, min_steps: int,
+                      timeout: float) -> bool:  # fmt: skip
+        """Every node in ``nodes`` completed ``min_steps`` steps at ``world`` after ``after``."""
+
+        def ready() -> bool:
+            for n in nodes:
+                if n.proc.poll() is not None:
+                    return False
+                got = [s for s in n.steps() if s.world == world and s.t > after]
+                if len(got) < min_steps:
+                    return False
+            return True
+
+        return wait_until(ready, timeout, poll=0.1)
+
+    def current_ranks(self, nodes: Sequence[Lines], world: int) -> list[int | None]:
+        out: list[int | None] = []
+        for n in nodes:
+            mine = [s for s in n.steps() if s.world == world]
+            out.append(mine[-1].rank if mine else None)
+        return out
+
+    def close(self) -> None:
+        for n in self.nodes:
+            if n.proc.poll() is None:
+                signal_tree(n.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                n.proc.wait(10)
+        if self.store is not None and self.store.proc.poll() is None:
+            self.store.proc.kill()
+            self.store.proc.wait(10)

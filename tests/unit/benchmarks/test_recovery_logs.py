@@ -1,0 +1,93 @@
+"""Pure parts of the recovery and preemption benchmarks: log parsing and arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks._proc_logs import (
+    StepLine,
+    first_step_at,
+    group_resumed_at,
+    last_step_before,
+    parse_step,
+    parse_steps,
+    pick_victim,
+    ranks_of,
+    recovery_seconds,
+    resumed_steps,
+    steps_lost,
+)
+
+
+def test_parse_step_with_and_without_prefix() -> None:
+    line = "[rank 1] step=12 loss=0.5000 world=3 rank=1 sps=9.8 t=1700000000.125"
+    assert parse_step(line) == StepLine(12, 3, 1, 1700000000.125)
+    assert parse_step(line.split("] ", 1)[1]) == StepLine(12, 3, 1, 1700000000.125)
+    # Without --print-time there is no timestamp: not a timed step line.
+    assert parse_step("step=12 loss=0.5 world=3 rank=1 sps=9.8") is None
+    assert parse_step("checkpoint step=10") is None
+
+
+def test_parse_steps_and_resumed() -> None:
+    lines = [
+        "[torchflex-agent] round 1 ...",
+        "[rank 0] resumed from step=40",
+        "[rank 0] step=41 loss=1.0 world=2 rank=0 sps=10.0 t=10.5",
+        "[rank 0] step=42 loss=1.0 world=2 rank=0 sps=10.0 t=10.6",
+    ]
+    assert [s.step for s in parse_steps(lines)] == [41, 42]
+    assert resumed_steps(lines) == [40]
+
+
+def _steps(*items: tuple[int, int, float]) -> list[StepLine]:
+    return [StepLine(step, world, 0, t) for step, world, t in items]
+
+
+def test_recovery_is_the_slowest_survivor() -> None:
+    a = _steps((9, 3, 99.9), (10, 3, 100.0), (11, 2, 101.0), (12, 2, 101.1))
+    b = _steps((10, 3, 100.0), (11, 2, 101.4))
+    assert first_step_at(a, 100.5, 2) == StepLine(11, 2, 0, 101.0)
+    assert first_step_at(a, 100.5, 3) is None
+    assert group_resumed_at([a, b], 100.5, 2) == 101.4
+    assert recovery_seconds([a, b], 100.5, 2) == pytest.approx(0.9)
+
+
+def test_recovery_none_when_a_survivor_never_trains() -> None:
+    a = _steps((11, 2, 101.0))
+    assert recovery_seconds([a, []], 100.5, 2) is None
+    assert recovery_seconds([], 100.5, 2) is None
+
+
+def test_steps_lost_and_last_step() -> None:
+    a = _steps((7, 3, 10.0), (8, 3, 10.1), (9, 2, 12.0))
+    b = _steps((8, 3, 10.1))
+    assert last_step_before([a, b], 10.05) == 7
+    assert last_step_before([a, b], 11.0) == 8
+    assert last_step_before([], 11.0) == 0
+    assert steps_lost(8, 8) == 0
+    assert steps_lost(18, 10) == 8
+    assert steps_lost(8, 10) == 0
+
+
+def test_ranks_of() -> None:
+    steps = [StepLine(1, 3, 2, 1.0), StepLine(2, 2, 1, 2.0), StepLine(3, 3, 0, 3.0)]
+    assert ranks_of(steps, 3) == {0, 2}
+
+
+@pytest.mark.parametrize(
+    ("ranks", "protected", "victim"),
+    [
+        ([0, 1, 2], (), 2),
+        ([2, 0, 1], (), 0),
+        ([2, 0, 1], (0,), 2),  # node 0 hosts torchrun's store: take the next
+        ([1, 2, 0], (1,), 0),
+        ([None, 2, 0], (), 1),
+    ],
+)
+def test_pick_victim(ranks: list[int | None], protected: tuple[int, ...], victim: int) -> None:
+    assert pick_victim(ranks, protected) == victim
+
+
+def test_pick_victim_none_possible() -> None:
+    with pytest.raises(ValueError, match="no node"):
+        pick_victim([0, 1], protected=(1,))

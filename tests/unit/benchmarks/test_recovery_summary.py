@@ -1,0 +1,52 @@
+"""The recovery benchmark's summary: medians per launcher, speed-ups, JSON round trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.recovery import Trial, markdown, summary, trials_from_json
+
+
+def _trials() -> list[Trial]:
+    return [
+        Trial("torchflex", 0.3, 2.5),
+        Trial("torchflex", 0.5, 3.0),
+        Trial("torchflex", 0.4, None, "the new node did not train at world 3 within 60 s"),
+        Trial("torchrun-tuned", 6.0, None, "join timed out"),
+        Trial("torchrun-tuned", 8.0, None, "join timed out"),
+        Trial("torchrun-default", 46.0, 40.0),
+    ]
+
+
+def test_summary_medians_and_speedups() -> None:
+    result = summary(_trials())
+    assert result["torchflex_s"] == pytest.approx(0.4)
+    assert result["torchflex_join_s"] == pytest.approx(2.75)
+    assert result["torchrun_tuned_s"] == pytest.approx(7.0)
+    assert result["torchrun_tuned_join_s"] is None
+    assert result["speedup_vs_default"] == pytest.approx(46.0 / 0.4)
+    assert result["speedup_vs_tuned"] == pytest.approx(7.0 / 0.4)
+    json.dumps(result)  # the --json output is one JSON object
+
+
+def test_summary_without_torchflex_has_no_speedup() -> None:
+    result = summary([Trial("torchrun-default", 46.0, None)])
+    assert result["torchflex_s"] is None
+    assert result["speedup_vs_default"] is None
+
+
+def test_trials_round_trip_through_json() -> None:
+    trials = _trials()
+    again = trials_from_json(json.loads(json.dumps(summary(trials))))
+    assert sorted((t.flavor, t.recovery_s, t.join_s) for t in again) == sorted(
+        (t.flavor, t.recovery_s, t.join_s) for t in trials
+    )
+
+
+def test_markdown_counts_failures_per_phase() -> None:
+    text = markdown(_trials(), summary(_trials()))
+    assert "| torchrun-tuned | 7.00 s (6.00-8.00, n=2) | n/a | 0 / 2 |" in text
+    assert "| torchflex | 0.40 s (0.30-0.50, n=3) | 2.75 s (2.50-3.00, n=2) | 0 / 1 |" in text
+    assert "join timed out" in text
