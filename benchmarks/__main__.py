@@ -15,7 +15,13 @@ import time
 
 # In the order ``make bench`` runs them: process-level ones first (no
 # cluster), then the ones that need the local control plane.
-BENCHMARKS: tuple[str, ...] = ("rendezvous", "recovery", "preemption", "operator_scale")
+BENCHMARKS: tuple[str, ...] = (
+    "rendezvous",
+    "recovery",
+    "preemption",
+    "recovery_cluster",
+    "operator_scale",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

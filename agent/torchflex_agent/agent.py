@@ -59,6 +59,7 @@ from torchflex_agent.restart_policy import (
     budget_exhausted,
     decide,
     judge_failure,
+    root_cause,
 )
 from torchflex_agent.workers import (
     GroupState,
@@ -69,7 +70,13 @@ from torchflex_agent.workers import (
 )
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState, RestartReason
-from torchflex_contract.store_keys import FAILURE_COUNTED, FINISHED, RESTARTS, round_key
+from torchflex_contract.store_keys import (
+    FAILURE,
+    FAILURE_COUNTED,
+    FINISHED,
+    RESTARTS,
+    round_key,
+)
 
 if TYPE_CHECKING:
     from torchflex_agent.store_tcp import MasterStore
@@ -400,6 +407,9 @@ class ElasticAgent:
     ) -> RestartReason:
         log.warning("round %d: %s", result.round, message)
         self._update(message=message)
+        rdzv.store.set(
+            round_key(rdzv.keys, result.round, FAILURE, result.node_rank), message.encode()
+        )
         mark = probe_peers(rdzv, result, _FAILURE_PROBE_S, self._liveness)
         verdict = judge_failure(mark.reason if mark is not None else None)
         if verdict is FailureVerdict.COUNT:
@@ -412,6 +422,7 @@ class ElasticAgent:
                 self._restarts_seen = max(self._restarts_seen, restarts)
                 self._update(restarts=restarts)
                 if budget_exhausted(restarts, self.config.max_restarts):
+                    message = root_cause(message, self._peer_failures(rdzv, result))
                     text = (
                         f"worker failure after {restarts - 1} restarts "
                         f"(max {self.config.max_restarts}): {message}"
@@ -426,6 +437,19 @@ class ElasticAgent:
         if verdict is FailureVerdict.COLLATERAL and mark is not None:
             return mark.reason
         return RestartReason.WORKER_FAILED
+
+    @staticmethod
+    def _peer_failures(rdzv: Rendezvous, result: RendezvousResult) -> list[str]:
+        """What the other members reported for this round (probed already, so
+        a failure that hit several nodes at once has had time to arrive)."""
+        out = []
+        for rank in range(result.num_nodes):
+            if rank == result.node_rank:
+                continue
+            raw = rdzv.store.get(round_key(rdzv.keys, result.round, FAILURE, rank))
+            if raw:
+                out.append(raw.decode(errors="replace"))
+        return out
 
     def _leave(self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup) -> None:
         """SIGTERM: tell peers first (so their workers stop in step), then drain ours."""

@@ -9,6 +9,7 @@ modes: ``torchflex-agent store`` serves the per-job TCPStore
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from torchflex_agent.config import AgentConfig, parse_args, resolve_nproc
 from torchflex_agent.errors import ConfigError, StoreUnavailableError
@@ -119,7 +121,25 @@ def main(argv: list[str] | None = None) -> int:
         format="[torchflex-agent] %(asctime)s %(levelname)s %(message)s",
         stream=sys.stderr,
     )
-    return _run_agent(config, environ)
+    _exit_after_run(_run_agent(config, environ))
+    return 0  # not reached
+
+
+def _exit_after_run(code: int) -> NoReturn:
+    """Leave without Python's interpreter teardown once the agent has finished.
+
+    Everything that matters is already done (workers stopped, the report
+    written, the rendezvous left); what teardown would add is destroying
+    torch C++ objects (store servers and clients) from the finalizer while
+    their native threads may still be joinable, which aborts the process
+    ("terminate called without an active exception", exit 134) and turns a
+    clean exit into a counted failure. So flush and ``_exit`` with our code.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -72,3 +72,35 @@ def judge_failure(stale_after_probe: RestartReason | None) -> FailureVerdict:
 def budget_exhausted(restarts_after_count: int, max_restarts: int) -> bool:
     """``max_restarts`` restarts are allowed; the failure that would need one more ends the job."""
     return restarts_after_count > max_restarts
+
+
+# What a worker reports when a *peer* died under it mid-collective (gloo,
+# NCCL, the c10d store): a symptom, not the job's real error.
+PEER_LOSS_SYMPTOMS: tuple[str, ...] = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "DistNetworkError",
+    "DistBackendError",
+    "Socket Timeout",
+    "remote process exited or there was a network error",
+    "NCCL communicator was aborted",
+)
+
+
+def looks_collateral(message: str) -> bool:
+    return any(symptom in message for symptom in PEER_LOSS_SYMPTOMS)
+
+
+def root_cause(own: str, reported: list[str]) -> str:
+    """The failure to name when the job gives up.
+
+    Every member whose workers failed in the round reports its message (in
+    node-rank order); when one rank raised and the others only lost their
+    connection to it, the raise is the cause the user must see, whichever
+    agent happened to count the failure.
+    """
+    for message in [own, *reported]:
+        if message and not looks_collateral(message):
+            return message
+    return own

@@ -61,6 +61,9 @@ FINISHED: Final = "finished"
 """``finished/<node_rank>``: the member's workers succeeded; not a lost member."""
 FAILURE_COUNTED: Final = "failure-counted"
 """Set by the one agent that counted this round's worker failure as a restart."""
+FAILURE: Final = "failure"
+"""``failure/<node_rank>``: the worker failure a member saw in this round (text),
+so the agent that gives up can name the root cause, not a peer-loss symptom."""
 
 
 def round_key(keys: Keys, round_no: int, *parts: object) -> str:

@@ -9,6 +9,7 @@ user's command is wrapped in ``torchflex-agent --``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -63,7 +64,20 @@ def rdzv_endpoint(job: JobSpec) -> str:
 
 
 def template_hash(job: JobSpec) -> str:
-    raw = json.dumps(job.template, sort_keys=True, default=str).encode()
+    """Hash of every spec field baked into a worker pod (``spec.replicas`` is not one).
+
+    Pods carry it in ``torchflex.io/spec-hash``; a pod whose hash differs is
+    out of date and the planner rolls it (see ``planner._Pass.roll``).
+    """
+    baked = {
+        "template": job.template,
+        "minReplicas": job.min_replicas,
+        "maxReplicas": job.max_replicas,
+        "nprocPerNode": job.nproc_per_node,
+        "maxRestarts": job.max_restarts,
+        "rendezvous": dataclasses.asdict(job.rendezvous),
+    }
+    raw = json.dumps(baked, sort_keys=True, default=str).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
 

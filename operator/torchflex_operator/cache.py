@@ -8,7 +8,7 @@ each watched object; the reconciler reads one job's slice. This is the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchflex_contract.labels import Label
@@ -31,12 +31,21 @@ class OwnedCache:
     def __init__(self) -> None:
         self.pods: dict[JobKey, dict[str, PodView]] = {}
         self.services: dict[JobKey, set[str]] = {}
+        self._seq = 0
+        self._touched: dict[JobKey, dict[str, int]] = {}
+        """pod name -> sequence number of its latest watch event (see ``merge_listed``)."""
+
+    def mark(self) -> int:
+        """A point in the event stream, taken before a LIST is sent."""
+        return self._seq
 
     def update_pod(self, event: str | None, pod: Mapping[str, Any]) -> JobKey | None:
         key = job_key_of(pod)
         if key is None:
             return None
         view = PodView.from_pod(pod)
+        self._seq += 1
+        self._touched.setdefault(key, {})[view.name] = self._seq
         slot = self.pods.setdefault(key, {})
         if event == "DELETED":
             if slot.get(view.name, view).uid == view.uid:
@@ -65,9 +74,23 @@ class OwnedCache:
     def job_services(self, key: JobKey) -> frozenset[str]:
         return frozenset(self.services.get(key, set()))
 
-    def replace_job_pods(self, key: JobKey, pods: list[Mapping[str, Any]]) -> None:
-        """Resync from a fresh list (heals events a watch reconnect lost)."""
-        self.pods[key] = {v.name: v for v in map(PodView.from_pod, pods)}
+    def merge_listed(self, key: JobKey, pods: Sequence[Mapping[str, Any]], since: int) -> None:
+        """Take a fresh LIST of one job's pods, sent after ``mark()`` returned ``since``.
+
+        A pod with a watch event after the mark keeps what the watch said
+        (present or deleted): the watch delivers every later change in order,
+        so its view is never older for long, while the LIST may be. Every
+        other pod is as listed; cached pods the LIST lacks are dropped.
+        """
+        recent = {n for n, seq in self._touched.get(key, {}).items() if seq > since}
+        merged = {n: v for n, v in self.pods.get(key, {}).items() if n in recent}
+        for view in map(PodView.from_pod, pods):
+            if view.name not in recent:
+                merged[view.name] = view
+        if merged:
+            self.pods[key] = merged
+        else:
+            self.pods.pop(key, None)
 
     def jobs_on_node(self, node: str) -> set[JobKey]:
         return {
@@ -77,6 +100,7 @@ class OwnedCache:
     def forget(self, key: JobKey) -> None:
         self.pods.pop(key, None)
         self.services.pop(key, None)
+        self._touched.pop(key, None)
 
 
 class NodeCache:

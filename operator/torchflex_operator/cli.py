@@ -51,8 +51,20 @@ def parser() -> argparse.ArgumentParser:
         "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
     )
     ha = p.add_mutually_exclusive_group()
-    ha.add_argument("--peering", metavar="NAME", help="kopf peering object for HA (active/standby)")
+    ha.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="active/standby through this kopf peering object (ClusterKopfPeering, or a "
+        "KopfPeering per namespace with -n); only the highest-priority live replica acts",
+    )
     ha.add_argument("--standalone", action="store_true", help="no peering (single replica)")
+    p.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=60,
+        metavar="S",
+        help="keep-alive lifetime: a killed active replica is replaced within S seconds",
+    )
     p.add_argument(
         "--priority",
         type=priority_arg,
@@ -111,12 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("metrics_port", "health_port", "workers"):
         if getattr(args, flag) < 0 or (flag == "workers" and args.workers < 1):
             p.error(f"--{flag.replace('_', '-')} out of range")
+    if args.peering_lifetime < 2:
+        p.error("--peering-lifetime out of range")
+    if args.peering and any(set(ns) & set("*?[!") for ns in args.namespace):
+        p.error("--peering needs plain namespace names (no globs)")
     import kopf
 
     from torchflex_operator.agent_status import StatusPoller
     from torchflex_operator.handlers import register
     from torchflex_operator.kube import Kube, load_api_client
     from torchflex_operator.metrics import Metrics
+    from torchflex_operator.peering import Gate, PeeringGate, own_identity
     from torchflex_operator.reconciler import Reconciler
 
     kopf.configure(
@@ -129,21 +146,32 @@ def main(argv: list[str] | None = None) -> int:
     metrics = Metrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
+    kube = Kube(load_api_client(), on_request=lambda verb: metrics.api_requests.labels(verb).inc())
+    identity = own_identity()
+    priority = peering_priority(args.priority, time.time_ns())
+    gate: Gate = Gate()
+    if args.peering:
+        scopes = list(args.namespace) if args.namespace else None
+        gate = PeeringGate(kube, args.peering, scopes, identity, priority)
     reconciler = Reconciler(
-        Kube(load_api_client()),
+        kube,
         settings_from(args),
         poller=StatusPoller(enabled=args.agent_status_poll),
         metrics=metrics,
         workers=args.workers,
+        gate=gate,
     )
-    registry = register(reconciler, watch_nodes=args.watch_nodes)
+    registry = register(
+        reconciler, watch_nodes=args.watch_nodes, peering_lifetime_s=args.peering_lifetime
+    )
     kopf.run(
         registry=registry,
         namespaces=args.namespace,
         clusterwide=not args.namespace,
         standalone=args.standalone or not args.peering,
         peering_name=args.peering,
-        priority=peering_priority(args.priority, time.time_ns()),
+        identity=identity,  # type: ignore[arg-type]  # kopf's NewType over str
+        priority=priority,
         liveness_endpoint=(
             f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
         ),

@@ -3,8 +3,9 @@
 Where it sits: the planner calls ``classify`` for every Failed worker pod.
 The exit code contract (``torchflex_contract.exit_codes``) decides first
 hand; pod-level evidence (``DisruptionTarget`` condition, eviction and
-node-loss status reasons, a lost node) overrides it, because a pod killed by
-the platform is never the user's fault.
+node-loss status reasons, a lost node, a deletion that came first) overrides
+it, because a pod killed by the platform or deleted on purpose is never the
+user's fault.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def classify(pod: PodView, observed: Observed) -> Failure:
         return Failure(_STATUS_REASONS[pod.status_reason], False, pod.exit_code, message)
     if observed.node_lost(pod):
         return Failure(Reason.NODE_LOST, False, pod.exit_code, message)
+    if pod.terminating:
+        # Deleted before it ended (scale-down, rolling update, suspend, kubectl
+        # delete): whatever it exited with answers the SIGTERM, not a fault.
+        return Failure(Reason.POD_DELETED, False, pod.exit_code, message)
     if pod.exit_code is None:
         # Failed without a container exit (e.g. the kubelet rejected it): platform.
         return Failure(Reason.EVICTED, False, None, message or (pod.status_reason or ""))
@@ -89,5 +94,9 @@ def classify(pod: PodView, observed: Observed) -> Failure:
 
 
 def succeeded(pod: PodView) -> bool:
-    """The worker's agent exited 0: the worker group is done (restartPolicy Never)."""
-    return pod.phase == "Succeeded"
+    """The worker's agent exited 0: the worker group is done (restartPolicy Never).
+
+    A pod that was being deleted may exit 0 on SIGTERM; that ends the pod,
+    not the training, so it never completes the job.
+    """
+    return pod.phase == "Succeeded" and not pod.terminating

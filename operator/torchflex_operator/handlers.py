@@ -41,7 +41,9 @@ def in_cluster_server(info: kopf.ConnectionInfo, environ: Mapping[str, str]) -> 
     return dataclasses.replace(info, server=f"https://{host}:{port}")
 
 
-def register(reconciler: Reconciler, *, watch_nodes: bool = True) -> kopf.OperatorRegistry:
+def register(
+    reconciler: Reconciler, *, watch_nodes: bool = True, peering_lifetime_s: int = 60
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -60,6 +62,9 @@ def register(reconciler: Reconciler, *, watch_nodes: bool = True) -> kopf.Operat
         settings.posting.enabled = False
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # Set before kopf's peering keep-alives start (they wait for startup):
+        # a killed active replica is replaced within this many seconds.
+        settings.peering.lifetime = peering_lifetime_s
         reconciler.start()
 
     @kopf.on.cleanup(registry=registry)
@@ -67,12 +72,14 @@ def register(reconciler: Reconciler, *, watch_nodes: bool = True) -> kopf.Operat
         await reconciler.stop()
 
     @kopf.on.event(labels.GROUP, labels.VERSION, labels.PLURAL, registry=registry)
-    async def job_event(type: str, name: str, namespace: str | None, **_: Any) -> None:
+    async def job_event(
+        type: str, name: str, namespace: str | None, body: kopf.Body, **_: Any
+    ) -> None:
         key = (namespace or "", name)
         if type == "DELETED":
             reconciler.forget(key)
         else:
-            reconciler.enqueue(key)
+            reconciler.job_seen(key, dict(body))
 
     @kopf.on.event("", "v1", "pods", labels=_OWNED, registry=registry)
     async def pod_event(type: str, body: kopf.Body, **_: Any) -> None:

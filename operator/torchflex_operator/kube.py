@@ -11,12 +11,13 @@ resourceVersion they were planned from (409 = re-read and re-plan).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from torchflex_contract import labels
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 COMPONENT = "torchflex-operator"
 _TIMEOUT_S = 15
+_WATCH_S = 300
+PEERING_GROUP = "kopf.dev"
+PEERING_VERSION = "v1"
 
 
 def load_api_client() -> Any:
@@ -52,12 +56,16 @@ def _typed(exc: ApiException, what: str) -> Exception:
 
 
 class Kube:
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, api_client: Any, on_request: Callable[[str], None] | None = None) -> None:
         self.api = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.on_request = on_request
+        """Called with the verb of every request made here (metrics)."""
 
     async def _call(self, what: str, fn: Callable[[], T]) -> T:
+        if self.on_request is not None:
+            self.on_request(what.split(" ", 1)[0])
         try:
             return await asyncio.to_thread(fn)
         except ApiException as exc:
@@ -91,9 +99,10 @@ class Kube:
 
     async def patch_job_status(
         self, namespace: str, name: str, resource_version: str, patch: Mapping[str, Any]
-    ) -> None:
+    ) -> dict[str, Any]:
+        """Merge-patch the status, guarded by ``resource_version``; returns the new object."""
         body = {"metadata": {"resourceVersion": resource_version}, "status": dict(patch)}
-        await self._call(
+        obj: Any = await self._call(
             f"patch elasticjob {namespace}/{name} status",
             lambda: self.custom.patch_namespaced_custom_object_status(
                 labels.GROUP,
@@ -105,6 +114,7 @@ class Kube:
                 _request_timeout=_TIMEOUT_S,
             ),
         )
+        return dict(obj)
 
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:
         body: Any = {"propagationPolicy": "Background", "preconditions": {"uid": uid}}
@@ -218,3 +228,66 @@ class Kube:
                 meta["namespace"], body, _request_timeout=_TIMEOUT_S
             ),
         )
+
+    # -- kopf's peering objects (read only: kopf itself writes the keep-alives) ------
+
+    async def watch_peering(
+        self, namespace: str | None, name: str, seen: Callable[[Mapping[str, Any] | None], None]
+    ) -> None:
+        """List the peering object, then watch it until the server ends the watch."""
+        if namespace is None:
+            plural = "clusterkopfpeerings"
+            lister: Callable[..., Any] = self.custom.list_cluster_custom_object
+            args: tuple[str, ...] = (PEERING_GROUP, PEERING_VERSION, plural)
+        else:
+            plural = "kopfpeerings"
+            lister = self.custom.list_namespaced_custom_object
+            args = (PEERING_GROUP, PEERING_VERSION, namespace, plural)
+        selector = f"metadata.name={name}"
+        listing: Any = await self._call(
+            f"list {plural} {namespace or ''}/{name}",
+            lambda: lister(*args, field_selector=selector, _request_timeout=_TIMEOUT_S),
+        )
+        items = listing.get("items") or []
+        seen(items[0] if items else None)
+        rv = (listing.get("metadata") or {}).get("resourceVersion")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
+        watcher = watch.Watch()
+
+        def put(item: dict[str, Any] | BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: we are exiting
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def pump() -> None:
+            try:
+                for event in watcher.stream(
+                    lister,
+                    *args,
+                    field_selector=selector,
+                    resource_version=rv,
+                    timeout_seconds=_WATCH_S,
+                    _request_timeout=_WATCH_S + 30,
+                ):
+                    put(event)
+            except BaseException as exc:  # handed to the event loop, raised there
+                put(exc)
+            finally:
+                put(None)
+
+        if self.on_request is not None:
+            self.on_request("watch")
+        pumping = asyncio.create_task(asyncio.to_thread(pump), name=f"watch {plural}")
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, ApiException):
+                    if item.status == 410:
+                        return  # too old: list again
+                    raise _typed(item, f"watch {plural} {name}") from item
+                if isinstance(item, BaseException):
+                    raise RetryableError(f"watch {plural} {name}: {item}") from item
+                obj = item.get("raw_object") or item.get("object")
+                seen(None if item.get("type") == "DELETED" else obj)
+        finally:
+            watcher.stop()  # closes the connection; the thread returns
+            pumping.cancel()

@@ -38,6 +38,15 @@ class Metrics:
             registry=r,
         )
         self.jobs = prom.Gauge("torchflex_jobs", "ElasticJobs by phase", ["phase"], registry=r)
+        self.api_requests = prom.Counter(
+            "torchflex_api_requests_total",
+            "Requests the reconciler sent to the API server (kopf's watches not included)",
+            ["verb"],
+            registry=r,
+        )
+        self.active = prom.Gauge(
+            "torchflex_active", "1 while this replica reconciles, 0 while standby", registry=r
+        )
         self._phase: dict[tuple[str, str], str] = {}
 
     def job_phase(self, key: tuple[str, str], phase: str | None) -> None:

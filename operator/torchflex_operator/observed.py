@@ -37,6 +37,8 @@ class PodView:
     status_reason: str | None = None
     disruption_reason: str | None = None
     """Reason of a True ``DisruptionTarget`` condition, when present."""
+    spec_hash: str | None = None
+    """``torchflex.io/spec-hash``: the job spec the pod was built from."""
 
     @property
     def terminating(self) -> bool:
@@ -108,6 +110,7 @@ class PodView:
             message=message,
             status_reason=status.get("reason"),
             disruption_reason=disruption,
+            spec_hash=(meta.get("annotations") or {}).get(labels.Annotation.SPEC_HASH),
         )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from torchflex_contract import labels
 from torchflex_contract.labels import Role
-from torchflex_operator import builders
+from torchflex_operator import builders, rollout
 from torchflex_operator.conditions import set_condition
 from torchflex_operator.failures import classify, succeeded
 from torchflex_operator.observed import Observed, PodView
@@ -196,6 +196,8 @@ class _Pass:
                 continue
             accounted.append(pod.uid)
             failure = classify(pod, self.obs)
+            if failure.reason is Reason.POD_DELETED:
+                continue  # its deletion was a decision already reported; not a failure
             fresh += 1
             self.s["replacements"] = int(self.s.get("replacements", 0)) + 1
             if failure.counted:
@@ -278,8 +280,13 @@ class _Pass:
         self.s["desiredReplicas"] = desired
         active = [w for w in self.workers if w.active]
         if len(active) > desired:
-            # Pending pods first (they hold no training state), then highest indices.
-            victims = sorted(active, key=lambda w: (w.running, -(w.index or 0)))
+            # Pending pods first (they hold no training state), then out-of-date
+            # ones (they would be rolled anyway), then highest indices.
+            current = builders.template_hash(job)
+            victims = sorted(
+                active,
+                key=lambda w: (w.running, not rollout.outdated(w, current), -(w.index or 0)),
+            )
             for pod in victims[: len(active) - desired]:
                 self.plan.delete(pod)
             return
@@ -299,6 +306,25 @@ class _Pass:
         if free:
             names = ", ".join(labels.worker_pod_name(job.name, i) for i in free)
             self.plan.event(EventType.NORMAL, EventReason.CREATED_POD, f"created {names}")
+
+    def roll(self) -> None:
+        """Replace workers built from an older spec (see ``rollout.step``)."""
+        until = self._time("backoffUntil")
+        victims, left = rollout.step(
+            self.job,
+            self.workers,
+            busy=bool(self.plan.delete_pods),  # scale-down or failures in this very pass
+            backing_off=until is not None and until > self.now,
+        )
+        for pod in victims:
+            self.plan.delete(pod)
+        if victims:
+            self.plan.event(
+                EventType.NORMAL,
+                EventReason.ROLLING_UPDATE,
+                f"job spec changed: replacing {', '.join(w.name for w in victims)}; "
+                f"{left} running worker(s) left on the old spec",
+            )
 
     def rendezvous_host(self) -> None:
         job = self.job
@@ -373,6 +399,8 @@ class _Pass:
         active = [w for w in self.workers if w.active]
         self.s["replicas"] = len(active)
         self.s["readyReplicas"] = sum(1 for w in active if w.ready)
+        current = builders.template_hash(self.job)
+        self.s["updatedReplicas"] = sum(1 for w in active if not rollout.outdated(w, current))
         self.s["selector"] = labels.worker_selector(self.job.name)
         self.s["observedGeneration"] = self.job.generation
         for key in ("failures", "replacements", "restarts"):
@@ -437,6 +465,7 @@ def plan(
                 p.rendezvous_host()
                 p.ensure_services()
                 p.scale()
+                p.roll()
         if Phase(p.s["phase"]).finished:
             p.cleanup()
         else:

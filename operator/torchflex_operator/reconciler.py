@@ -1,10 +1,16 @@
 """One reconcile pass per job: observe, plan, apply; and the workers that run them.
 
 Where it sits: between kopf (``handlers`` feed the caches and the queue) and
-the API (``kube``). ``Reconciler.reconcile`` reads the job fresh, overlays
-expectations on the cached pods, calls the pure ``planner.plan`` and applies
-the result: status first (it carries the failure bookkeeping, guarded by
-resourceVersion), then Services, pod creates and deletes, then Events.
+the API (``kube``). ``Reconciler.reconcile`` takes the job and its pods from
+the watch-fed caches, overlays expectations, calls the pure ``planner.plan``
+and applies the result: status first (it carries the failure bookkeeping,
+guarded by resourceVersion), then Services, pod creates and deletes, then
+Events. A pass that changes nothing makes no API request, so the slow
+resync (``--resync``) of an idle job is free. The first pass of a job after
+start or takeover reads the job and its pods from the API once (the watches
+may not have delivered them yet, and a standby's cache is stale); so does
+the pass after a status write was refused as stale (409). Workers wait on
+the ``peering`` gate: a standby replica takes no key and writes nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +26,17 @@ from typing import Any
 from torchflex_contract import labels
 from torchflex_operator.agent_status import StatusPoller
 from torchflex_operator.cache import JobKey, NodeCache, OwnedCache
-from torchflex_operator.errors import InvalidSpecError, PermanentError, RetryableError
+from torchflex_operator.errors import (
+    ConflictError,
+    InvalidSpecError,
+    PermanentError,
+    RetryableError,
+)
 from torchflex_operator.expectations import Expectations
 from torchflex_operator.kube import Kube
 from torchflex_operator.metrics import Metrics
 from torchflex_operator.observed import Observed, PodView
+from torchflex_operator.peering import Gate
 from torchflex_operator.planner import Plan, plan
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
@@ -57,6 +69,7 @@ class Reconciler:
         metrics: Metrics | None = None,
         workers: int = 4,
         clock: Callable[[], dt.datetime] = utcnow,
+        gate: Gate | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -67,6 +80,11 @@ class Reconciler:
         self.expectations = Expectations()
         self.queue: WorkQueue[JobKey] = WorkQueue()
         self.clock = clock
+        self.gate = gate or Gate()
+        self.gate.on_change = self._gate_changed
+        self.jobs: dict[JobKey, dict[str, Any]] = {}
+        """Latest ElasticJob objects from the watch (or our own status writes)."""
+        self._synced: set[JobKey] = set()
         self._workers = workers
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[JobKey, int] = {}
@@ -74,10 +92,13 @@ class Reconciler:
     # -- lifecycle ------------------------------------------------------------------
 
     def start(self) -> None:
+        self.metrics.active.set(1 if self.gate.active else 0)
+        self.gate.start()
         for n in range(self._workers):
             self._tasks.append(asyncio.create_task(self._worker(), name=f"reconcile-{n}"))
 
     async def stop(self) -> None:
+        await self.gate.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -88,17 +109,38 @@ class Reconciler:
     def enqueue(self, key: JobKey, delay: float = 0.0) -> None:
         self.queue.add(key, delay)
 
+    def job_seen(self, key: JobKey, obj: Mapping[str, Any]) -> None:
+        """A job from the watch: cache it and wake its reconcile."""
+        self.jobs[key] = dict(obj)
+        self.enqueue(key)
+
     def forget(self, key: JobKey) -> None:
         self.queue.discard(key)
         self.cache.forget(key)
+        self.jobs.pop(key, None)
+        self._synced.discard(key)
         self.expectations.forget(f"{key[0]}/{key[1]}")
         self.poller.forget(key)
         self.metrics.job_phase(key, None)
         self._failures.pop(key, None)
 
+    def _gate_changed(self, active: bool) -> None:
+        self.metrics.active.set(1 if active else 0)
+        if active:
+            # Taking over: what we cached as a standby may be stale (kopf's watches
+            # were paused). Each job's first pass re-reads it and its pods.
+            self._synced.clear()
+            for key in list(self.jobs):
+                self.enqueue(key)
+
     async def _worker(self) -> None:
         while True:
+            await self.gate.wait_active()
             key = await self.queue.get()
+            if not self.gate.active:  # lost the lead while waiting: leave it queued
+                self.queue.done(key)
+                self.queue.add(key)
+                continue
             started = time.perf_counter()
             try:
                 requeue = await self.reconcile(key)
@@ -112,7 +154,7 @@ class Reconciler:
             except PermanentError as exc:
                 log.error("reconcile %s/%s: %s", *key, exc)
                 self.metrics.reconciles.labels("error").inc()
-                self.queue.add(key, self.settings.resync_s * 10)
+                self.queue.add(key, self.settings.resync_s)
             except Exception:  # a bug: keep the operator alive, retry slowly
                 log.exception("reconcile %s/%s crashed", *key)
                 self.metrics.reconciles.labels("crash").inc()
@@ -140,9 +182,22 @@ class Reconciler:
             reports=reports,
         )
 
-    async def reconcile(self, key: JobKey) -> float | None:
+    async def _sync(self, key: JobKey) -> dict[str, Any] | None:
+        """Read the job and its pods from the API (first pass, or after a stale write)."""
         namespace, name = key
+        mark = self.cache.mark()
         obj = await self.kube.get_job(namespace, name)
+        if obj is None:
+            return None
+        selector = f"{labels.Label.JOB_NAME.value}={name}"
+        pods = await self.kube.list_pods(namespace, selector)
+        self.cache.merge_listed(key, pods, since=mark)
+        self.jobs[key] = obj
+        self._synced.add(key)
+        return obj
+
+    async def reconcile(self, key: JobKey) -> float | None:
+        obj = self.jobs.get(key) if key in self._synced else await self._sync(key)
         if obj is None:
             self.forget(key)
             return None
@@ -156,7 +211,11 @@ class Reconciler:
         result = plan(job, obj.get("status") or {}, observed, now, self.settings)
         await self.apply(key, obj, result, now)
         self.metrics.job_phase(key, result.status.get("phase"))
-        return result.requeue_after
+        requeue = result.requeue_after
+        if self.poller.enabled and requeue is not None and any(p.running for p in observed.pods):
+            # Agents' progress (world size, round) is only seen by asking again.
+            requeue = min(requeue, self.poller.interval)
+        return requeue
 
     async def apply(
         self, key: JobKey, obj: Mapping[str, Any], result: Plan, now: dt.datetime
@@ -166,7 +225,14 @@ class Reconciler:
         old = obj.get("status") or {}
         if result.status and result.status != old:
             rv = str(obj["metadata"].get("resourceVersion", ""))
-            await self.kube.patch_job_status(namespace, name, rv, status_patch(old, result.status))
+            try:
+                fresh = await self.kube.patch_job_status(
+                    namespace, name, rv, status_patch(old, result.status)
+                )
+            except ConflictError:
+                self._synced.discard(key)  # planned from a stale job: re-read, re-plan
+                raise
+            self.jobs[key] = fresh
         for svc in result.create_services:
             await self.kube.create_service(svc)
         for manifest in result.create_pods:

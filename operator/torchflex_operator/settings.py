@@ -20,7 +20,8 @@ class Settings:
     """Extra wait after a pod's grace period before force-deleting it from a lost node."""
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
-    resync_s: float = 30.0
-    """Idle requeue of a live job (agent reports, timers)."""
+    resync_s: float = 300.0
+    """Slow resync: a full pass per live job this often even without events. It reads
+    only the watch-fed caches, so an idle job costs no API request."""
     accounted_pods_kept: int = 64
     """How many handled failed-pod UIDs status remembers (must exceed maxReplicas' churn)."""

@@ -62,6 +62,7 @@ class Reason(enum.StrEnum):
     EVICTED = "Evicted"
     NODE_LOST = "NodeLost"
     POD_DELETED = "PodDeleted"
+    """Deleted (by the operator, a user or a controller) without platform evidence."""
 
 
 class EventReason(enum.StrEnum):
@@ -70,6 +71,7 @@ class EventReason(enum.StrEnum):
     CREATED_POD = "CreatedPod"
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
+    ROLLING_UPDATE = "RollingUpdate"
     REPLACED_POD = "ReplacedPod"
     POD_FAILED = "PodFailed"
     PREEMPTED = "Preempted"

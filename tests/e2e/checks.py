@@ -43,14 +43,22 @@ def wait_phase(cluster: Cluster, ns: str, name: str, want: str, timeout_s: float
 
 
 def wait_training(
-    follower: LogFollower, past_step: int, timeout_s: float, world: int | None = None
+    follower: LogFollower,
+    past_step: int,
+    timeout_s: float,
+    world: int | None = None,
+    after: float = 0.0,
 ) -> float:
-    """Wait until some worker logged a step > ``past_step`` (in a group of ``world``);
-    returns when it was seen (monotonic)."""
+    """Wait until some worker logged a step > ``past_step`` (in a group of ``world``,
+    seen after ``after``); returns when it was seen (monotonic)."""
 
     def seen() -> float | None:
         for line in follower.lines("step"):
-            if line.step > past_step and (world is None or line.world == world):
+            if (
+                line.step > past_step
+                and (world is None or line.world == world)
+                and line.seen > after
+            ):
                 return line.seen
         return None
 

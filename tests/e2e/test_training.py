@@ -187,7 +187,8 @@ def test_plain_torchrun_command_trains_under_the_operator(
                       torchrun=True)  # fmt: skip
     apply(cluster, namespace, job.manifest())
     wait_phase(cluster, namespace, "compat", "Succeeded", 300)
-    pod = cluster.get_json("pod", "compat-worker-0", "-n", namespace)
+    # The pod that finished first stays; cleanPodPolicy Running removed the rest.
+    pod = worker_pods(cluster, namespace, "compat")[0]
     trainer = pod["spec"]["containers"][0]
     assert trainer["command"][0] == "torchrun", "the operator must not wrap torchrun"
     assert any(e["name"] == "TORCHFLEX_RDZV_ID" for e in trainer["env"])

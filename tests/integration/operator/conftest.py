@@ -19,6 +19,7 @@ from e2e.cluster import Cluster
 from torchflex_operator.agent_status import StatusPoller
 from torchflex_operator.handlers import register
 from torchflex_operator.kube import Kube
+from torchflex_operator.metrics import Metrics
 from torchflex_operator.reconciler import Reconciler
 from torchflex_operator.settings import Settings
 
@@ -45,10 +46,23 @@ def crd(cluster: Cluster) -> None:
 
 
 @contextlib.contextmanager
-def run_operator(cluster: Cluster, namespace: str) -> Iterator[Reconciler]:
-    """One operator incarnation; leaving the block stops it (like a pod restart)."""
+def run_operator(
+    cluster: Cluster,
+    namespace: str,
+    *,
+    settings: Settings = TEST_SETTINGS,
+    poller: StatusPoller | None = None,
+) -> Iterator[Reconciler]:
+    """One operator incarnation; leaving the block stops it (like a pod restart).
+
+    ``reconciler.metrics.api_requests`` counts every request it sends.
+    """
+    metrics = Metrics()
+    kube = Kube(
+        cluster.api_client(), on_request=lambda verb: metrics.api_requests.labels(verb).inc()
+    )
     reconciler = Reconciler(
-        Kube(cluster.api_client()), TEST_SETTINGS, poller=StatusPoller(enabled=False)
+        kube, settings, poller=poller or StatusPoller(enabled=False), metrics=metrics
     )
     registry = register(reconciler)
     args = ["run", "--standalone", "--namespace", namespace]
@@ -56,6 +70,12 @@ def run_operator(cluster: Cluster, namespace: str) -> Iterator[Reconciler]:
         yield reconciler
     assert runner.exception is None, runner.output
     assert runner.exit_code == 0, runner.output
+
+
+@pytest.fixture()
+def kubeconfig_env(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf logs in from the environment's kubeconfig."""
+    monkeypatch.setitem(os.environ, "KUBECONFIG", str(cluster.kubeconfig))
 
 
 @pytest.fixture()

@@ -89,3 +89,29 @@ def events(cluster: Cluster, namespace: str, name: str) -> list[str]:
         f"involvedObject.name={name},involvedObject.kind={labels.KIND}",
     )
     return [e["reason"] for e in json.loads(out.stdout)["items"]]
+
+
+def event_messages(cluster: Cluster, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of every Event on the job, oldest first."""
+    out = cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "-o",
+        "json",
+        "--field-selector",
+        f"involvedObject.name={name},involvedObject.kind={labels.KIND}",
+    )
+    items = sorted(json.loads(out.stdout)["items"], key=lambda e: e.get("firstTimestamp") or "")
+    return [(e["reason"], e.get("message", "")) for e in items]
+
+
+def patch_spec(cluster: Cluster, namespace: str, name: str, **spec: Any) -> None:
+    body = json.dumps({"spec": spec})
+    cluster.kubectl("patch", "ej", name, "-n", namespace, "--type=merge", "-p", body)
+
+
+def condition(job: dict[str, Any], ctype: str) -> dict[str, Any] | None:
+    conds = (job.get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c.get("type") == ctype), None)

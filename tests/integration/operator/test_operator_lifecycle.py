@@ -202,9 +202,9 @@ def test_worker_success_completes_the_job(
     job = process_job(
         name, cluster.process_node, ["python", "-c", "pass"], minReplicas=1, maxReplicas=2
     )
-    # A changed template reaches new pods only: replace worker-1 to get one that exits 0.
+    # A changed template rolls the workers, highest index first: worker-1's
+    # replacement runs the new command and exits 0.
     apply(cluster, namespace, job)
-    cluster.kubectl("delete", "pod", "-n", namespace, W(name, 1), "--wait=false")
     wait_for(lambda: status(cluster, namespace, name).get("phase") == "Succeeded", 120, "Succeeded")
     wait_for(
         lambda: W(name, 0) not in live_workers(cluster, namespace, name),
@@ -212,3 +212,40 @@ def test_worker_success_completes_the_job(
         "the remaining worker stopped",
     )
     assert "Succeeded" in events(cluster, namespace, name)
+
+
+def test_restart_keeps_status_and_catches_up_on_missed_changes(
+    cluster: Cluster, namespace: str, crd: None, kubeconfig_env: None
+) -> None:
+    cluster.kwok_nodes(2, prefix="op-kwok")
+    name = "reborn"
+    with run_operator(cluster, namespace):
+        apply(cluster, namespace, kwok_job(name, minReplicas=1, maxReplicas=4, replicas=3))
+        wait_for(lambda: status(cluster, namespace, name).get("readyReplicas") == 3, 60, "3 ready")
+        before = status(cluster, namespace, name)
+    # Operator down: the job is scaled and a pod vanishes; nobody watches.
+    cluster.kubectl("scale", "-n", namespace, f"ej/{name}", "--replicas=4")
+    gone = live_workers(cluster, namespace, name)[W(name, 1)]
+    cluster.kubectl("delete", "pod", "-n", namespace, W(name, 1), "--wait=true")
+    with run_operator(cluster, namespace):
+
+        def caught_up() -> bool:
+            now = live_workers(cluster, namespace, name)
+            st = status(cluster, namespace, name)
+            return len(now) == 4 and gone not in now.values() and st.get("readyReplicas") == 4
+
+        wait_for(caught_up, 60, "4 workers, the lost one replaced")
+        after = status(cluster, namespace, name)
+    indices = [
+        p["metadata"]["labels"][labels.Label.REPLICA_INDEX] for p in pods(cluster, namespace, name)
+    ]
+    assert sorted(indices) == ["0", "1", "2", "3"]
+    assert len(pods(cluster, namespace, name, "store")) == 1
+    # Nothing the first incarnation recorded was lost or reset by the second.
+    for key in ("startTime", "rendezvousHost", "failures", "replacements", "phase"):
+        assert after[key] == before[key], key
+    cond = {c["type"]: c for c in after["conditions"]}  # type: ignore[attr-defined]
+    old = {c["type"]: c for c in before["conditions"]}  # type: ignore[attr-defined]
+    # Never dipped below minReplicas in between (the transition time would move).
+    assert cond["MinAvailable"]["lastTransitionTime"] == old["MinAvailable"]["lastTransitionTime"]
+    assert after["desiredReplicas"] == 4

@@ -11,6 +11,7 @@ from torchflex_agent.restart_policy import (
     budget_exhausted,
     decide,
     judge_failure,
+    root_cause,
 )
 from torchflex_agent.workers import GroupState
 from torchflex_contract.progress import RestartReason
@@ -63,3 +64,27 @@ def test_judge_failure(stale: RestartReason | None, verdict: FailureVerdict) -> 
 )
 def test_budget(after: int, max_restarts: int, exhausted: bool) -> None:
     assert budget_exhausted(after, max_restarts) is exhausted
+
+
+GLOO_RESET = (
+    "rank 1 failed (exit code 1): RuntimeError: [gloo/transport/tcp/pair.cc:553] "
+    "Connection closed by peer [10.0.0.4]:26780"
+)
+USER_RAISE = "rank 0 failed (exit code 1): ValueError: loss went NaN"
+
+
+@pytest.mark.parametrize(
+    ("own", "reported", "expect"),
+    [
+        pytest.param(USER_RAISE, [], USER_RAISE, id="alone"),
+        pytest.param(GLOO_RESET, [USER_RAISE], USER_RAISE, id="counted-by-the-collateral-rank"),
+        pytest.param(USER_RAISE, [GLOO_RESET], USER_RAISE, id="counted-by-the-culprit"),
+        pytest.param(GLOO_RESET, [GLOO_RESET], GLOO_RESET, id="only-symptoms"),
+        pytest.param(GLOO_RESET, ["", "rank 2 failed (killed by SIGSEGV)"],
+                     "rank 2 failed (killed by SIGSEGV)", id="crash-elsewhere"),
+    ],
+)  # fmt: skip
+def test_root_cause_prefers_the_real_error_over_peer_loss(
+    own: str, reported: list[str], expect: str
+) -> None:
+    assert root_cause(own, reported) == expect

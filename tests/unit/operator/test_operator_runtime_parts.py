@@ -102,7 +102,15 @@ def test_workqueue_dedupes_and_delays() -> None:
 def test_cli_flags() -> None:
     args = parser().parse_args(["-n", "a", "-n", "b", "--log-format", "json", "--standalone"])
     assert args.namespace == ["a", "b"] and args.log_format == "json"
-    for bad in (["-n", "a", "-A"], ["--log-format", "xml"], ["--peering", "p", "--standalone"]):
+    ha = parser().parse_args(["-n", "a", "--peering", "p", "--priority", "oldest"])
+    assert (ha.peering, ha.priority, ha.peering_lifetime) == ("p", "oldest", 60)
+    assert parser().parse_args([]).resync == 300
+    for bad in (
+        ["-n", "a", "-A"],
+        ["--log-format", "xml"],
+        ["--peering", "p", "--standalone"],
+        ["--priority", "newest"],
+    ):
         with pytest.raises(SystemExit) as exc:
             parser().parse_args(bad)
         assert exc.value.code == 2

@@ -1,0 +1,165 @@
+"""Two real operator processes with kopf peering: one acts, the other stands by
+passively, and takes over when the active one is SIGKILLed.
+
+The processes are ``torchflex-operator`` itself (console script, flags,
+kubeconfig), each with its own metrics endpoint on loopback, which is how
+the test tells what each one did. Only processes this test started are
+signalled, by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import Cluster
+from tests.integration.operator.jobs import apply, kwok_job, live_workers
+from tests.support import wait_for
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[3]
+OPERATOR = REPO / ".venv" / "bin" / "torchflex-operator"
+PEERING_CRDS = REPO / "helm" / "torchflex" / "crds" / "kopf-peerings.yaml"
+LIFETIME_S = 6
+WRITES = ("create", "patch", "delete", "post")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Replica:
+    def __init__(self, cluster: Cluster, namespace: str, identity: str, log: Path) -> None:
+        self.identity = identity
+        self.port = free_port()
+        self.log = log
+        argv = [
+            str(OPERATOR),
+            "--namespace", namespace,
+            "--peering", "torchflex",
+            "--priority", "oldest",
+            "--peering-lifetime", str(LIFETIME_S),
+            "--metrics-port", str(self.port),
+            "--health-port", "0",
+            "--agent-command", "env",
+            "--backoff-base", "0.2",
+            "--backoff-cap", "2",
+            "--no-agent-status-poll",
+        ]  # fmt: skip
+        env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), POD_ID=identity)
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def metrics(self) -> dict[str, float]:
+        """Samples of our metrics, ``name{labels}`` -> value; {} while not serving."""
+        try:
+            url = f"http://127.0.0.1:{self.port}/metrics"
+            with urllib.request.urlopen(url, timeout=2) as rsp:
+                text = rsp.read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("torchflex_"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def total(self, prefix: str) -> float:
+        return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
+
+    def writes(self) -> float:
+        return sum(self.total(f'torchflex_api_requests_total{{verb="{v}"}}') for v in WRITES)
+
+    def active(self) -> bool:
+        return self.metrics().get("torchflex_active") == 1.0
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture()
+def replicas(
+    cluster: Cluster, namespace: str, crd: None, tmp_path: Path
+) -> Iterator[list[Replica]]:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(PEERING_CRDS))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s"
+    )
+    peering = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "KopfPeering",
+        "metadata": {"name": "torchflex"},
+    }
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(peering))
+    started: list[Replica] = []
+    try:
+        yield started
+    finally:
+        for replica in started:
+            replica.stop()
+
+
+def peers(cluster: Cluster, namespace: str) -> dict[str, int]:
+    obj = cluster.get_json("kopfpeering", "torchflex", "-n", namespace)
+    return {k: int(v["priority"]) for k, v in (obj.get("status") or {}).items()}
+
+
+def test_only_the_active_replica_acts_and_the_standby_takes_over(
+    cluster: Cluster, namespace: str, replicas: list[Replica], tmp_path: Path
+) -> None:
+    cluster.kwok_nodes(2, prefix="op-kwok")
+    first = Replica(cluster, namespace, "op-first", tmp_path / "first.log")
+    replicas.append(first)
+    wait_for(first.active, 60, "the first replica active")
+    second = Replica(cluster, namespace, "op-second", tmp_path / "second.log")
+    replicas.append(second)
+    wait_for(lambda: set(peers(cluster, namespace)) == {"op-first", "op-second"}, 60, "2 peers")
+    wait_for(second.metrics, 30, "the second replica serving metrics")
+    assert peers(cluster, namespace)["op-first"] > peers(cluster, namespace)["op-second"]
+
+    name = "ha"
+    apply(cluster, namespace, kwok_job(name, minReplicas=1, maxReplicas=3, replicas=2))
+    wait_for(lambda: len(live_workers(cluster, namespace, name)) == 2, 60, "2 workers")
+    time.sleep(2 * LIFETIME_S)  # past a keep-alive round or two: the standby stays passive
+    assert first.active() and not second.active()
+    assert first.total("torchflex_pods_created_total") >= 3  # 2 workers + the store
+    assert second.total("torchflex_pods_created_total") == 0
+    assert second.total("torchflex_reconcile_total") == 0
+    assert second.writes() == 0, second.metrics()
+    assert first.writes() > 0
+
+    # The active replica dies without a goodbye; its keep-alive expires.
+    killed_at = time.monotonic()
+    first.kill()
+    wait_for(second.active, 4 * LIFETIME_S, "the standby active")
+    took_over = time.monotonic() - killed_at
+    assert took_over <= 4 * LIFETIME_S
+    cluster.kubectl("scale", "-n", namespace, f"ej/{name}", "--replicas=3")
+    wait_for(lambda: len(live_workers(cluster, namespace, name)) == 3, 60, "3 workers")
+    assert second.total("torchflex_pods_created_total") == 1  # only the new worker
+    indices = sorted(live_workers(cluster, namespace, name))
+    assert indices == [f"{name}-worker-{i}" for i in range(3)]

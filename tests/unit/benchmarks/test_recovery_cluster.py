@@ -1,0 +1,143 @@
+"""Pure parts of the cluster-level recovery benchmark: log events, group times, the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks._cluster_job import bench_job
+from benchmarks._cluster_logs import (
+    Resumed,
+    all_at_world,
+    current_rank,
+    first_new_group_step,
+    group_formed_at,
+    parse_events,
+    speedup,
+    training_at,
+)
+from benchmarks._cluster_report import Trial, markdown, summary
+from benchmarks._proc_logs import StepLine
+
+
+def _step(n: int, world: int, rank: int, t: float) -> str:
+    return f"[rank {rank}] step={n} loss=0.5 world={world} rank={rank} sps=10.0 t={t:.3f}"
+
+
+# A survivor: trains at 3, the peer dies at t=100, its old worker finishes one
+# more step just after, then a new worker resumes and trains at 2.
+SURVIVOR = [
+    "[torchflex-agent] round 1: node rank 0 of 3, world size 3",
+    "[rank 0] resumed from step=10",
+    _step(11, 3, 0, 98.0),
+    _step(12, 3, 0, 99.9),
+    _step(13, 3, 0, 100.05),
+    "[torchflex-agent] round 2: node rank 0 of 2, world size 2",
+    "[rank 0] resumed from step=10",
+    _step(11, 2, 0, 101.5),
+    _step(12, 2, 0, 101.6),
+]
+
+
+def test_parse_events_keeps_order_and_kinds() -> None:
+    events = parse_events(SURVIVOR)
+    assert events[0] == Resumed(10)
+    assert events[1] == StepLine(11, 3, 0, 98.0)
+    assert [type(e).__name__ for e in events] == [
+        "Resumed", "StepLine", "StepLine", "StepLine", "Resumed", "StepLine", "StepLine",
+    ]  # fmt: skip
+    # torchrun's unprefixed worker lines parse the same way.
+    assert parse_events(["step=5 loss=1 world=2 rank=1 sps=9.9 t=5.5"]) == [StepLine(5, 2, 1, 5.5)]
+
+
+def test_first_new_group_step_skips_the_old_workers_late_step() -> None:
+    events = parse_events(SURVIVOR)
+    first = first_new_group_step(events, after=100.0)
+    assert first == StepLine(11, 2, 0, 101.5)
+    assert first_new_group_step(events, after=100.0, world=3) is None
+    # Nothing restarted after the event: no new group yet.
+    assert first_new_group_step(events[:4], after=100.0) is None
+
+
+def test_first_new_group_step_of_a_replacement_pod_and_a_second_reform() -> None:
+    replacement = parse_events(["resumed from step=10", _step(11, 3, 2, 103.0)])
+    assert first_new_group_step(replacement, after=100.0) == StepLine(11, 3, 2, 103.0)
+    # A survivor that re-formed at 2 first, then at 3 with the replacement.
+    twice = [*SURVIVOR, "[rank 0] resumed from step=12", _step(13, 3, 0, 103.1)]
+    assert first_new_group_step(parse_events(twice), 100.0, world=3) == StepLine(13, 3, 0, 103.1)
+
+
+def test_group_formed_at_is_the_last_survivor_and_none_until_all() -> None:
+    other = parse_events(["resumed from step=10", _step(11, 2, 1, 101.9)])
+    pods = {"a": parse_events(SURVIVOR), "b": other}
+    assert group_formed_at(pods, 100.0) == 101.9
+    assert group_formed_at({"a": parse_events(SURVIVOR), "b": []}, 100.0) is None
+    assert group_formed_at({}, 100.0) is None
+
+
+def test_join_and_warm_up_helpers() -> None:
+    a = parse_events([_step(5, 2, 0, 10.0), _step(6, 3, 0, 12.0), _step(7, 3, 0, 12.1)])
+    b = parse_events([_step(5, 2, 1, 10.0), _step(6, 3, 1, 12.2)])
+    c = parse_events(["resumed from step=5", _step(6, 3, 2, 12.4)])
+    assert all_at_world({"a": a, "b": b, "c": c}, 11.0, 3) == 12.4
+    assert all_at_world({"a": a, "b": b, "c": []}, 11.0, 3) is None
+    assert training_at({"a": a}, 3, 11.0, 2)
+    assert not training_at({"a": a, "b": b}, 3, 11.0, 2)
+    assert not training_at({}, 3, 0.0, 1)
+    assert current_rank(b, 3) == 1
+    assert current_rank(c, 2) is None
+
+
+def test_speedup() -> None:
+    assert speedup(10.0, 2.0) == 5.0
+    assert speedup(None, 2.0) is None
+    assert speedup(10.0, None) is None
+    assert speedup(10.0, 0.0) is None
+
+
+def test_summary_and_markdown_report_timeouts_as_such() -> None:
+    trials = [
+        Trial("torchflex", recovery_s=1.0, reformed_world=2, regrow_s=3.0, join_s=2.0,
+              join_from_running_s=1.5, new_pod_running_s=0.5),
+        Trial("torchflex", recovery_s=3.0, reformed_world=3, regrow_s=3.0, join_s=2.4,
+              join_from_running_s=1.9, new_pod_running_s=0.5),
+        Trial("torchrun-tuned", recovery_s=8.0, reformed_world=3, fresh_job=True,
+              problems=["join: no step at world size 3 on all 3 pods within 60 s"]),
+        Trial("torchrun-default",
+              problems=["recovery: timed out (no re-formed group within 120 s)"]),
+    ]  # fmt: skip
+    result = summary(trials)
+    json.dumps(result)  # one JSON object, serialisable
+    assert result["torchflex_s"] == 2.0
+    assert result["torchflex_join_s"] == 2.2
+    assert result["torchrun_tuned_s"] == 8.0
+    assert result["torchrun_default_s"] is None
+    assert result["speedup_vs_tuned"] == 4.0
+    assert result["speedup_vs_default"] is None
+    assert result["join_speedup_vs_tuned"] is None
+    assert len(result["torchflex_runs"]) == 2
+    text = markdown(trials, result, "sigkill")
+    assert "| torchflex | 2.00 s (1.00-3.00, n=2) | 2, 3 |" in text
+    assert "n/a; 1 of 1 not reached" in text
+    assert "torchrun-default: recovery: timed out" in text
+    assert "1 run(s) killed on a fresh" in text
+    assert "4.0x vs tuned" in text
+
+
+def test_bench_job_commands() -> None:
+    tuned = bench_job("torchrun-tuned", "j", Path("/tmp/ck"), replicas=2)
+    cmd = tuned.command()
+    assert cmd[0] == "torchrun"
+    conf = [a for a in cmd if a.startswith("--rdzv-conf=")]
+    assert conf and "keep_alive_interval=1" in conf[0]
+    assert cmd.index(conf[0]) < cmd.index("--max-restarts=100") < cmd.index("--steps")
+    env = dict(tuned.extra_env)
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert env["TRAIN_PRINT_TIME"] == "1"
+    default = bench_job("torchrun-default", "j", Path("/tmp/ck"), replicas=2).command()
+    assert not [a for a in default if a.startswith("--rdzv-conf")]
+    ours = bench_job("torchflex", "j", Path("/tmp/ck"), replicas=3)
+    assert ours.command()[0] == "python"
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in dict(ours.extra_env)
+    spec = ours.manifest()["spec"]
+    assert (spec["minReplicas"], spec["maxReplicas"], spec["replicas"]) == (2, 3, 3)
