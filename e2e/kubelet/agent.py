@@ -207,9 +207,15 @@ class Kubelet(volumes.Fetcher):
         rt = self.runtimes.get(uid)
         if pod is None:
             if rt is not None:
-                # Force-deleted: the object is gone, stop everything now.
+                # Force-deleted: the object is gone, stop everything now. Let
+                # the processes die before the netns goes, so their peers get
+                # the FIN/RST a real kubelet's container kill would send
+                # (deleting the veth first leaves peers on half-open sockets).
                 for proc in rt.procs.values():
                     _kill_group(proc)
+                for proc in rt.procs.values():
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=2)
                 self._teardown(rt)
                 del self.runtimes[uid]
             return
