@@ -25,6 +25,9 @@ def job_key_of(obj: Mapping[str, Any]) -> JobKey | None:
     return (str(meta.get("namespace", "")), str(job))
 
 
+_SEEN_UIDS_KEPT = 4096
+
+
 class OwnedCache:
     """Pods and Services by owning job (from the job-name label)."""
 
@@ -34,6 +37,9 @@ class OwnedCache:
         self._seq = 0
         self._touched: dict[JobKey, dict[str, int]] = {}
         """pod name -> sequence number of its latest watch event (see ``merge_listed``)."""
+        self._seen_uids: dict[JobKey, dict[str, None]] = {}
+        """UIDs the watch has shown per job, newest last (bounded): a pod created
+        and deleted again before a pass ran still counts as seen by expectations."""
 
     def mark(self) -> int:
         """A point in the event stream, taken before a LIST is sent."""
@@ -44,6 +50,11 @@ class OwnedCache:
         if key is None:
             return None
         view = PodView.from_pod(pod)
+        if view.uid:
+            seen = self._seen_uids.setdefault(key, {})
+            seen[view.uid] = None
+            if len(seen) > _SEEN_UIDS_KEPT:
+                del seen[next(iter(seen))]
         self._seq += 1
         self._touched.setdefault(key, {})[view.name] = self._seq
         slot = self.pods.setdefault(key, {})
@@ -67,6 +78,9 @@ class OwnedCache:
         else:
             names.add(name)
         return key
+
+    def seen_uids(self, key: JobKey) -> frozenset[str]:
+        return frozenset(self._seen_uids.get(key, {}))
 
     def job_pods(self, key: JobKey) -> list[PodView]:
         return list(self.pods.get(key, {}).values())
@@ -101,6 +115,7 @@ class OwnedCache:
         self.pods.pop(key, None)
         self.services.pop(key, None)
         self._touched.pop(key, None)
+        self._seen_uids.pop(key, None)
 
 
 class NodeCache:

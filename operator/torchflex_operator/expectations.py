@@ -43,8 +43,19 @@ class Expectations:
         exp = self._jobs.get(job)
         return 0 if exp is None else len(exp.created) + len(exp.deleted)
 
-    def overlay(self, job: str, cached: list[PodView], now: dt.datetime) -> list[PodView]:
-        """Cached pods corrected by unmet expectations; drops met or expired ones."""
+    def overlay(
+        self,
+        job: str,
+        cached: list[PodView],
+        now: dt.datetime,
+        seen_uids: frozenset[str] = frozenset(),
+    ) -> list[PodView]:
+        """Cached pods corrected by unmet expectations; drops met or expired ones.
+
+        ``seen_uids``: every pod UID the watch has shown for the job. A created
+        pod the watch already showed is met even if it is gone again (deleted
+        before this pass): re-adding it would hide the loss until the timeout.
+        """
         exp = self._jobs.get(job)
         if exp is None:
             return cached
@@ -54,8 +65,10 @@ class Expectations:
         for name, (view, when) in list(exp.created.items()):
             seen = by_name.get(name)
             if (
-                seen is not None and (not view.uid or seen.uid == view.uid)
-            ) or now - when > TIMEOUT:
+                (seen is not None and (not view.uid or seen.uid == view.uid))
+                or (view.uid and view.uid in seen_uids)
+                or now - when > TIMEOUT
+            ):
                 del exp.created[name]
             elif seen is None:
                 out.append(view)

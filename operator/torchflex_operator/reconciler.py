@@ -32,6 +32,7 @@ from torchflex_operator.errors import (
     PermanentError,
     RetryableError,
 )
+from torchflex_operator.expectations import TIMEOUT as EXPECTATION_TIMEOUT
 from torchflex_operator.expectations import Expectations
 from torchflex_operator.kube import Kube
 from torchflex_operator.metrics import Metrics
@@ -172,7 +173,9 @@ class Reconciler:
 
     async def observe(self, key: JobKey, now: dt.datetime) -> Observed:
         exp_key = f"{key[0]}/{key[1]}"
-        pods = self.expectations.overlay(exp_key, self.cache.job_pods(key), now)
+        pods = self.expectations.overlay(
+            exp_key, self.cache.job_pods(key), now, self.cache.seen_uids(key)
+        )
         reports = await self.poller.reports(key, pods)
         return Observed(
             pods=tuple(pods),
@@ -215,6 +218,11 @@ class Reconciler:
         if self.poller.enabled and requeue is not None and any(p.running for p in observed.pods):
             # Agents' progress (world size, round) is only seen by asking again.
             requeue = min(requeue, self.poller.interval)
+        if self.expectations.pending(f"{key[0]}/{key[1]}"):
+            # An expectation the watch never meets ends by timeout; make sure a
+            # pass runs then, even if no event comes (no silent resync wait).
+            wake = EXPECTATION_TIMEOUT.total_seconds() + 1.0
+            requeue = wake if requeue is None else min(requeue, wake)
         return requeue
 
     async def apply(

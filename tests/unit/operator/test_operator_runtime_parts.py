@@ -35,6 +35,21 @@ def test_deleted_pod_looks_terminating_until_cache_catches_up() -> None:
     assert exp.pending(JOB) == 0
 
 
+def test_created_pod_already_seen_and_deleted_is_not_resurrected() -> None:
+    """The watch showed the new pod and its deletion before the next pass ran
+    (or even before the create call returned): the job must see the loss now,
+    not after the expectation's timeout."""
+    cache = OwnedCache()
+    exp = Expectations()
+    name = labels.worker_pod_name("demo", 1)
+    cache.update_pod("ADDED", pod_obj(name, "new"))
+    cache.update_pod("DELETED", pod_obj(name, "new"))
+    exp.expect_created(JOB, worker(1, "Pending", uid="new"), NOW)
+    key = ("ns", "demo")
+    assert exp.overlay(JOB, cache.job_pods(key), NOW, cache.seen_uids(key)) == []
+    assert exp.pending(JOB) == 0
+
+
 def test_expectations_expire() -> None:
     exp = Expectations()
     exp.expect_created(JOB, worker(1, "Pending", uid="new"), NOW)
