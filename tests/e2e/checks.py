@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e.cluster import Cluster
 from e2e.trainlog import LogFollower, progress_violations
-from e2e.workload import get_job, job_events
+from e2e.workload import PROCESS_NODE, get_job, job_events
 from tests.support import wait_for
 
 
@@ -137,3 +138,48 @@ def checkpoint_step(ckpt_dir: Path) -> int:
 def settle(seconds: float) -> None:
     """Let the system act (only where a scenario must show that nothing happens)."""
     time.sleep(seconds)
+
+
+def start_etcd_pod(cluster: Cluster, namespace: str, service: str) -> str:
+    """A plain etcd v3 server pod (the pinned binary) behind a headless Service
+    on the process node; returns its client endpoint. Its container env carries
+    ``E2E_ETCD=<namespace>`` so a test can find (and SIGKILL) its process."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "etcd", "labels": {"app": service}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": PROCESS_NODE},
+            "hostname": "etcd",
+            "restartPolicy": "Always",
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{
+                "name": "etcd",
+                "image": "etcd:local",
+                "command": [
+                    str(cluster.bin_dir / "etcd"), "--data-dir", "/data",
+                    "--listen-client-urls", "http://0.0.0.0:2379",
+                    "--advertise-client-urls", f"http://{service}:2379",
+                    "--listen-peer-urls", "http://127.0.0.1:2380",
+                ],
+                "env": [{"name": "E2E_ETCD", "value": namespace}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+        },
+    }  # fmt: skip
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service},
+        "spec": {"clusterIP": "None", "selector": {"app": service}, "ports": [{"port": 2379}]},
+    }
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all([pod, svc]))
+
+    def running() -> bool:
+        out = cluster.kubectl(
+            "get", "pod", "etcd", "-n", namespace, "-o", "jsonpath={.status.phase}", check=False
+        )
+        return out.stdout == "Running"
+
+    wait_for(running, 60, "etcd pod running")
+    return f"http://{service}.{namespace}:2379"

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from e2e.cluster import Cluster
 from e2e.operator_proc import (
@@ -29,6 +28,7 @@ from tests.e2e.checks import (
     checkpoint_step,
     current_round,
     event_reasons,
+    start_etcd_pod,
     wait_phase,
     wait_reformed,
     wait_training,
@@ -143,55 +143,7 @@ def test_etcd_restart_mid_job_training_resumes(
     follower: LogFollower,
     ckpt_dir: Path,
 ) -> None:
-    etcd_bin = cluster.bin_dir / "etcd"
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "etcd", "labels": {"app": "rdzv-etcd"}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": "tf-node-0"},
-            "hostname": "etcd",
-            "restartPolicy": "Always",
-            "volumes": [{"name": "data", "emptyDir": {}}],
-            "containers": [{
-                "name": "etcd",
-                "image": "etcd:local",
-                "command": [
-                    str(etcd_bin), "--data-dir", "/data",
-                    "--listen-client-urls", "http://0.0.0.0:2379",
-                    "--advertise-client-urls", "http://etcd-rdzv:2379",
-                    "--listen-peer-urls", "http://127.0.0.1:2380",
-                ],
-                "env": [{"name": "E2E_ETCD", "value": namespace}],
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-            }],
-        },
-    }  # fmt: skip
-    svc = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "etcd-rdzv"},
-        "spec": {"clusterIP": "None", "selector": {"app": "rdzv-etcd"},
-                 "ports": [{"port": 2379}]},
-    }  # fmt: skip
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all([pod, svc]))
-    wait_for(
-        lambda: (
-            cluster.kubectl(
-                "get",
-                "pod",
-                "etcd",
-                "-n",
-                namespace,
-                "-o",
-                "jsonpath={.status.phase}",
-                check=False,
-            ).stdout
-            == "Running"
-        ),
-        60,
-        "etcd pod running",
-    )
+    endpoint = start_etcd_pod(cluster, namespace, "etcd-rdzv")
     job = TrainingJob(
         "etcdjob",
         ckpt_dir,
@@ -199,7 +151,7 @@ def test_etcd_restart_mid_job_training_resumes(
         max_replicas=2,
         steps=150,
         backend="etcd",
-        etcd_endpoint=f"http://etcd-rdzv.{namespace}:2379",
+        etcd_endpoint=endpoint,
     )
     apply(cluster, namespace, job.manifest())
     wait_training(follower, 20, 240, world=2)

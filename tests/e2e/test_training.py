@@ -9,13 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from e2e.cluster import Cluster
 from e2e.operator_proc import OperatorProcess
 from e2e.trainlog import LogFollower
-from e2e.workload import PROCESS_NODE, TrainingJob, apply, get_job, worker_pods
-from tests.e2e.checks import assert_progress_sound, checkpoint_step, event_reasons, wait_phase
+from e2e.workload import TrainingJob, apply, get_job, worker_pods
+from tests.e2e.checks import (
+    assert_progress_sound,
+    checkpoint_step,
+    event_reasons,
+    start_etcd_pod,
+    wait_phase,
+)
 from tests.support import wait_for
 
 # Whole training runs on a 2-core machine: more than the suite's default limit.
@@ -69,51 +74,6 @@ def test_job_trains_to_the_end_and_cleans_up(
     )
 
 
-def _etcd_pod(cluster: Cluster, namespace: str) -> str:
-    """A plain etcd v3 server pod + headless Service; returns its endpoint."""
-    manifests = [
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "etcd", "labels": {"app": "shared-etcd"}},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": PROCESS_NODE},
-                "volumes": [{"name": "data", "emptyDir": {}}],
-                "containers": [{
-                    "name": "etcd",
-                    "image": "etcd:local",
-                    "command": [
-                        str(cluster.bin_dir / "etcd"), "--data-dir", "/data",
-                        "--listen-client-urls", "http://0.0.0.0:2379",
-                        "--advertise-client-urls", "http://shared-etcd:2379",
-                        "--listen-peer-urls", "http://127.0.0.1:2380",
-                    ],
-                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                }],
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "shared-etcd"},
-            "spec": {"clusterIP": "None", "selector": {"app": "shared-etcd"},
-                     "ports": [{"port": 2379}]},
-        },
-    ]  # fmt: skip
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump_all(manifests))
-    wait_for(
-        lambda: (
-            cluster.kubectl(
-                "get", "pod", "etcd", "-n", namespace, "-o", "jsonpath={.status.phase}", check=False
-            ).stdout
-            == "Running"
-        ),
-        60,
-        "etcd pod running",
-    )
-    return f"http://shared-etcd.{namespace}:2379"
-
-
 def test_jobs_sharing_one_etcd_never_see_each_other(
     cluster: Cluster,
     namespace: str,
@@ -132,7 +92,7 @@ def test_jobs_sharing_one_etcd_never_see_each_other(
             30,
             "default ServiceAccount",
         )
-        endpoint = _etcd_pod(cluster, namespace)
+        endpoint = start_etcd_pod(cluster, namespace, "shared-etcd")
         # Same job name in two namespaces, and a second job beside one of them,
         # all on one etcd: each rendezvous must stay its own (max 2, one pod each,
         # so any mix-up would show as a world size of 2 or 3).
