@@ -27,6 +27,7 @@ from typing import Any
 from benchmarks._cluster_logs import Event, parse_events
 from benchmarks._proc_job import TORCHRUN_CONF, TORCHRUN_ENV
 from e2e.cluster import Cluster
+from e2e.trainlog import FileTail
 from e2e.workload import TrainingJob, apply
 from torchflex_contract import labels
 
@@ -173,8 +174,7 @@ class LogTail:
     def __init__(self, pods_dir: Path, namespace: str, job: str) -> None:
         self._dir = pods_dir
         self._glob = f"{namespace}_{job}-worker-*_*"
-        self._offsets: dict[Path, int] = {}
-        self._partial: dict[Path, str] = {}
+        self._tail = FileTail()
         self._events: dict[tuple[str, str], list[Event]] = {}
         self._texts: dict[tuple[str, str], list[str]] = {}
 
@@ -188,22 +188,10 @@ class LogTail:
         if not self._dir.is_dir():
             return
         for log in sorted(self._dir.glob(f"{self._glob}/{labels.TRAINER_CONTAINER}.log")):
-            offset = self._offsets.get(log, 0)
-            try:
-                with log.open("rb") as fh:
-                    fh.seek(offset)
-                    chunk = fh.read()
-            except OSError:
+            lines = self._tail.new_lines(log)
+            if not lines:
                 continue
-            if not chunk:
-                continue
-            self._offsets[log] = offset + len(chunk)
-            text = self._partial.pop(log, "") + chunk.decode(errors="replace")
-            complete, _, rest = text.rpartition("\n")
-            if rest:
-                self._partial[log] = rest
             key = self._key(log.parent)
-            lines = complete.splitlines()
             self._texts.setdefault(key, []).extend(lines)
             self._events.setdefault(key, []).extend(parse_events(lines))
 

@@ -157,6 +157,32 @@ def progress_violations(lines: list[Line], slack_s: float = 0.5) -> list[str]:
     return problems
 
 
+class FileTail:
+    """Complete new lines of growing files since the last read (a line still
+    being written is kept until its newline arrives)."""
+
+    def __init__(self) -> None:
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, str] = {}
+
+    def new_lines(self, log: Path) -> list[str]:
+        offset = self._offsets.get(log, 0)
+        try:
+            with log.open("rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+        except OSError:
+            return []
+        if not chunk:
+            return []
+        self._offsets[log] = offset + len(chunk)
+        text = self._partial.pop(log, "") + chunk.decode(errors="replace")
+        complete, _, rest = text.rpartition("\n")
+        if rest:
+            self._partial[log] = rest
+        return complete.splitlines()
+
+
 class LogFollower:
     """Tails every container log of one namespace in a thread, stamping lines."""
 
@@ -166,8 +192,7 @@ class LogFollower:
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._lines: list[Line] = []
-        self._offsets: dict[Path, int] = {}
-        self._partial: dict[Path, str] = {}
+        self._tail = FileTail()
         self._round: dict[Path, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="log-follower")
@@ -202,23 +227,12 @@ class LogFollower:
                 self._read(log, now)
 
     def _read(self, log: Path, now: float) -> None:
-        offset = self._offsets.get(log, 0)
-        try:
-            with log.open("rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-        except OSError:
+        complete = self._tail.new_lines(log)
+        if not complete:
             return
-        if not chunk:
-            return
-        self._offsets[log] = offset + len(chunk)
-        text = self._partial.pop(log, "") + chunk.decode(errors="replace")
-        complete, _, rest = text.rpartition("\n")
-        if rest:
-            self._partial[log] = rest
         pod = pod_of(log)
         parsed = []
-        for raw in complete.splitlines():
+        for raw in complete:
             line = parse_line(raw, pod, self._round.get(log, -1), now)
             if line is None:
                 continue
