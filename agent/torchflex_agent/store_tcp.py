@@ -9,8 +9,10 @@ itself, with no polling.
 Two TCPStore quirks shape this module. ``get`` blocks until the key exists,
 so a non-blocking read uses ``compare_set`` with a sentinel that no writer
 ever stores: for an absent key the server answers with the expected value
-(the sentinel) without writing it, for a present key with its value. And a
-client serializes its operations, hence ``clone()`` per blocking thread.
+(the sentinel) without writing it, for a present key with its value. That
+read wakes the key's waiters although nothing was written, so ``wait``
+confirms every wakeup before it reports one. And a client serializes its
+operations, hence ``clone()`` per blocking thread.
 """
 
 from __future__ import annotations
@@ -91,10 +93,28 @@ class TCPKVStore:
         return value
 
     def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        # The libuv server wakes every waiter on a key whenever anyone runs a
+        # compare_set on it, even one that leaves it absent -- which is how
+        # ``get`` reads. A wakeup is therefore only a hint: confirm with
+        # ``check`` (a pure read) and wait again for what is left of the time.
+        deadline = time.monotonic() + timeout
+        names = list(keys)
+        while True:
+            if not self._wait_once(names, deadline - time.monotonic()):
+                return False
+            try:
+                if self._store.check(names):
+                    return True
+            except (DistError, RuntimeError) as exc:
+                raise self._unavailable(exc) from exc
+            if time.monotonic() >= deadline:
+                return False
+
+    def _wait_once(self, keys: list[str], timeout: float) -> bool:
         # The server rejects a zero timeout as "no timeout"; keep a floor.
         ms = max(1, int(timeout * 1000))
         try:
-            self._store.wait(list(keys), datetime.timedelta(milliseconds=ms))
+            self._store.wait(keys, datetime.timedelta(milliseconds=ms))
         except DistNetworkError as exc:
             raise self._unavailable(exc) from exc
         except DistStoreError:

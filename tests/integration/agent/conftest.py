@@ -1,14 +1,26 @@
-"""Fixtures for the agent's integration tests: real store server and real etcd."""
+"""Fixtures for the agent's integration tests: real store server, real etcd,
+and ``backend``, which runs a test once per ``KVStore`` implementation."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.agent.tfagent_helpers import start_etcd, start_store, stop_process
+from torchflex_agent.kvstore import KVStore, MemoryStore
+
+
+@dataclasses.dataclass
+class Backend:
+    """One store backend: how to open a new connection to it."""
+
+    name: str
+    connect: Callable[[], KVStore]
+    port: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -30,3 +42,21 @@ def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
         yield port
     finally:
         stop_process(proc)
+
+
+@pytest.fixture(params=["memory", "c10d", "etcd"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    """The in-memory fake, a real c10d store process and a real etcd, in turn."""
+    if request.param == "memory":
+        shared = MemoryStore()
+        yield Backend("memory", shared.clone)
+    elif request.param == "c10d":
+        from torchflex_agent.store_tcp import TCPKVStore
+
+        port = request.getfixturevalue("store_server")
+        yield Backend("c10d", lambda: TCPKVStore("127.0.0.1", port), port)
+    else:
+        from torchflex_agent.store_etcd import EtcdKVStore
+
+        port = request.getfixturevalue("etcd_server")
+        yield Backend("etcd", lambda: EtcdKVStore([("http", "127.0.0.1", port)]), port)

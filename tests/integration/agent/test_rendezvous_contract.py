@@ -15,13 +15,12 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.integration.agent.conftest import Backend
 from tests.integration.agent.tfagent_helpers import PYTHON, child_env, stop_process
 from torchflex_agent.errors import RendezvousTimeoutError
-from torchflex_agent.kvstore import KVStore, MemoryStore
 from torchflex_agent.liveness import LivenessSettings, RoundMonitor
 from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult, RendezvousSettings
 from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
@@ -30,30 +29,6 @@ from torchflex_contract.store_keys import ARRIVALS, Keys, round_key
 
 LIVENESS = LivenessSettings(heartbeat_interval=0.2, timeout=1.5)
 MEMBER_SCRIPT = str(__import__("pathlib").Path(__file__).with_name("rdzv_member.py"))
-
-
-@dataclasses.dataclass
-class Backend:
-    name: str
-    connect: Callable[[], KVStore]
-    port: int = 0
-
-
-@pytest.fixture(params=["memory", "c10d", "etcd"])
-def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    if request.param == "memory":
-        shared = MemoryStore()
-        yield Backend("memory", shared.clone)
-    elif request.param == "c10d":
-        from torchflex_agent.store_tcp import TCPKVStore
-
-        port = request.getfixturevalue("store_server")
-        yield Backend("c10d", lambda: TCPKVStore("127.0.0.1", port), port)
-    else:
-        from torchflex_agent.store_etcd import EtcdKVStore
-
-        port = request.getfixturevalue("etcd_server")
-        yield Backend("etcd", lambda: EtcdKVStore([("http", "127.0.0.1", port)]), port)
 
 
 def new_run_id() -> str:

@@ -1,0 +1,95 @@
+"""Contract tests of ``KVStore`` itself, run against every backend.
+
+The rendezvous relies on these semantics exactly (``kvstore.KVStore``): a
+read never blocks and never disturbs anyone, ``compare_set`` has one
+winner, and ``wait`` reports True only once every key exists. Each test
+uses two connections, as two agents would.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from tests.integration.agent.conftest import Backend
+
+
+def fresh(prefix: str) -> str:
+    return f"/kvcontract/{prefix}/{uuid.uuid4().hex[:10]}"
+
+
+@pytest.mark.timeout(60)
+def test_get_add_compare_set(backend: Backend) -> None:
+    a, b = backend.connect(), backend.connect()
+    key, counter = fresh("k"), fresh("n")
+    assert a.get(key) is None
+    assert a.compare_set(key, None, b"one") == b"one"
+    assert b.compare_set(key, None, b"two") == b"one", "the second create must lose"
+    assert b.compare_set(key, b"one", b"three") == b"three"
+    assert a.compare_set(key, b"one", b"four") == b"three", "a stale expectation must lose"
+    assert a.get(key) == b"three"
+    assert a.add(counter, 0) == 0
+    assert a.add(counter, 2) == 2
+    assert b.add(counter, 3) == 5
+
+
+@pytest.mark.timeout(60)
+def test_wait_is_woken_by_a_write(backend: Backend) -> None:
+    waiter, writer = backend.connect(), backend.connect()
+    key = fresh("w")
+    seen: list[tuple[bool, float]] = []
+
+    def wait() -> None:
+        t0 = time.monotonic()
+        seen.append((waiter.wait([key], 10.0), time.monotonic() - t0))
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    writer.set(key, b"x")
+    thread.join(15)
+    assert seen and seen[0][0] is True
+    assert seen[0][1] < 5.0, f"woken after {seen[0][1]:.2f}s, not by the write"
+
+
+@pytest.mark.timeout(60)
+def test_wait_ignores_reads_of_the_absent_key(backend: Backend) -> None:
+    # Regression: the libuv TCPStore server wakes a key's waiters on every
+    # compare_set of it, even one that writes nothing -- and ``get`` is such
+    # a compare_set. A woken wait must not report a key that is not there.
+    waiter, reader = backend.connect(), backend.connect()
+    key, other = fresh("absent"), fresh("other")
+    seen: list[tuple[bool, float]] = []
+
+    def wait() -> None:
+        t0 = time.monotonic()
+        seen.append((waiter.wait([key, other], 1.5), time.monotonic() - t0))
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        assert reader.get(key) is None
+        assert reader.compare_set(other, b"not-there", b"y") is None
+        time.sleep(0.05)
+    reader.set(other, b"only one of the two keys")
+    thread.join(15)
+    assert seen, "wait did not return"
+    found, elapsed = seen[0]
+    assert found is False, "wait reported a key that was never written"
+    assert elapsed >= 1.4, f"wait gave up after {elapsed:.2f}s of 1.5s"
+
+
+@pytest.mark.timeout(60)
+def test_wait_times_out_and_the_connection_stays_usable(backend: Backend) -> None:
+    store = backend.connect()
+    key = fresh("t")
+    t0 = time.monotonic()
+    assert store.wait([key], 0.3) is False
+    assert time.monotonic() - t0 >= 0.25
+    store.set(key, b"v")
+    assert store.wait([key], 0.3) is True
+    assert store.get(key) == b"v"
