@@ -27,6 +27,8 @@ from torchflex_contract.exit_codes import ExitCode
 
 log = logging.getLogger("torchflex_agent")
 
+USAGE_HINT = "usage: torchflex-agent [options] -- <training command...>  (torchflex-agent --help)"
+
 
 def _cuda_count() -> int:
     import torch
@@ -112,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         config = parse_args(args, environ)
     except ConfigError as exc:
         print(f"torchflex-agent: error: {exc}", file=sys.stderr)
+        print(USAGE_HINT, file=sys.stderr)
         return int(ExitCode.USAGE)
     # c10d logs every failed connect attempt with a C++ stack; our own
     # messages say what matters. Workers get the user's original setting.

@@ -127,85 +127,155 @@ def _number(flag: str, conv: Callable[[str], _T], low: float) -> Callable[[str],
     return parse
 
 
+@dataclasses.dataclass(frozen=True)
+class _Flag:
+    """One option: its spellings (ours first, then torchrun's), where it lands, its env default."""
+
+    names: tuple[str, ...]
+    dest: str
+    env: str | None
+    default: str
+    help: str
+
+
+_FLAGS: tuple[_Flag, ...] = (
+    _Flag(("--nnodes",), "nnodes", tfenv.NNODES, "1", "N or MIN:MAX nodes in the job"),
+    _Flag(
+        ("--nproc-per-node", "--nproc_per_node"),
+        "nproc_per_node",
+        tfenv.NPROC_PER_NODE,
+        "auto",
+        "workers per node: auto (one per GPU, else 1), gpu, cpu (1) or N",
+    ),
+    _Flag(
+        ("--rdzv-backend", "--rdzv_backend"),
+        "rdzv_backend",
+        tfenv.RDZV_BACKEND,
+        "c10d",
+        f"rendezvous store: {', '.join(BACKENDS)}",
+    ),
+    _Flag(
+        ("--rdzv-endpoint", "--rdzv_endpoint"),
+        "rdzv_endpoint",
+        tfenv.RDZV_ENDPOINT,
+        "",
+        "c10d: host[:port] of the store; etcd: comma-separated [http[s]://]host[:port]",
+    ),
+    _Flag(
+        ("--rdzv-id", "--rdzv_id"),
+        "rdzv_id",
+        tfenv.RDZV_ID,
+        "",
+        "the job's unique id: agents with the same id form one group",
+    ),
+    _Flag(
+        ("--rdzv-last-call",),
+        "last_call",
+        tfenv.RDZV_LAST_CALL,
+        str(tfenv.DEFAULT_LAST_CALL_S),
+        "seconds a round stays open for more nodes once MIN have joined",
+    ),
+    _Flag(
+        ("--rdzv-join-timeout",),
+        "join_timeout",
+        tfenv.RDZV_JOIN_TIMEOUT,
+        str(tfenv.DEFAULT_JOIN_TIMEOUT_S),
+        "seconds to wait for MIN nodes before giving up",
+    ),
+    _Flag(
+        ("--max-restarts", "--max_restarts"),
+        "max_restarts",
+        tfenv.MAX_RESTARTS,
+        str(tfenv.DEFAULT_MAX_RESTARTS),
+        "worker failures the job survives (counted job-wide)",
+    ),
+    _Flag(
+        ("--monitor-interval", "--monitor_interval"),
+        "monitor_interval",
+        tfenv.MONITOR_INTERVAL,
+        str(tfenv.DEFAULT_MONITOR_INTERVAL_S),
+        "seconds between checks of the local workers",
+    ),
+    _Flag(
+        ("--health-port",),
+        "health_port",
+        tfenv.HEALTH_PORT,
+        str(tfenv.DEFAULT_HEALTH_PORT),
+        "port of /healthz and /status (0: none)",
+    ),
+    _Flag(("--health-host",), "health_host", None, "0.0.0.0", "address the health server binds"),
+    _Flag(
+        ("--node-addr",),
+        "node_addr",
+        tfenv.POD_IP,
+        "127.0.0.1",
+        "address peers reach this node on (the pod IP)",
+    ),
+    _Flag(
+        ("--termination-grace",),
+        "termination_grace",
+        tfenv.TERMINATION_GRACE,
+        str(tfenv.DEFAULT_TERMINATION_GRACE_S),
+        "seconds workers get to checkpoint after a SIGTERM",
+    ),
+    _Flag(
+        ("--stop-grace",),
+        "stop_grace",
+        tfenv.STOP_GRACE,
+        str(tfenv.DEFAULT_STOP_GRACE_S),
+        "seconds workers get to exit when a round ends, before SIGKILL",
+    ),
+    _Flag(
+        ("--heartbeat-interval",),
+        "heartbeat_interval",
+        tfenv.HEARTBEAT_INTERVAL,
+        str(tfenv.DEFAULT_HEARTBEAT_INTERVAL_S),
+        "seconds between this node's heartbeats",
+    ),
+    _Flag(
+        ("--liveness-timeout",),
+        "liveness_timeout",
+        tfenv.LIVENESS_TIMEOUT,
+        str(tfenv.DEFAULT_LIVENESS_TIMEOUT_S),
+        "seconds without a heartbeat before a peer counts as lost",
+    ),
+    _Flag(
+        ("--rdzv-tls-dir",),
+        "tls_dir",
+        tfenv.RDZV_TLS_DIR,
+        "",
+        "directory with ca.crt, tls.crt, tls.key for etcd over TLS",
+    ),
+    _Flag(
+        ("--prewarm",),
+        "prewarm",
+        tfenv.PREWARM,
+        "auto",
+        "auto: fork Python workers from a process that imported torch ahead; off",
+    ),
+)
+
+
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The flags, each defaulting from the env var the operator sets (empty counts as unset)."""
     p = _Parser(
         prog="torchflex-agent",
-        description="Elastic PyTorch launcher (torchrun-compatible flags). "
-        "Usage: torchflex-agent [options] -- <training command...>",
+        usage="torchflex-agent [options] -- <training command...>",
+        description="Elastic PyTorch launcher (torchrun-compatible flags).",
     )
-    g = env.get
-    p.add_argument("--nnodes", default=g(tfenv.NNODES, "1"))
-    p.add_argument(
-        "--nproc-per-node",
-        "--nproc_per_node",
-        dest="nproc_per_node",
-        default=g(tfenv.NPROC_PER_NODE, "auto"),
-    )
-    p.add_argument(
-        "--rdzv-backend",
-        "--rdzv_backend",
-        dest="rdzv_backend",
-        default=g(tfenv.RDZV_BACKEND, "c10d"),
-    )
-    p.add_argument(
-        "--rdzv-endpoint",
-        "--rdzv_endpoint",
-        dest="rdzv_endpoint",
-        default=g(tfenv.RDZV_ENDPOINT, ""),
-    )
-    p.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", default=g(tfenv.RDZV_ID, ""))
-    p.add_argument(
-        "--rdzv-last-call",
-        dest="last_call",
-        default=g(tfenv.RDZV_LAST_CALL, str(tfenv.DEFAULT_LAST_CALL_S)),
-    )
-    p.add_argument(
-        "--rdzv-join-timeout",
-        dest="join_timeout",
-        default=g(tfenv.RDZV_JOIN_TIMEOUT, str(tfenv.DEFAULT_JOIN_TIMEOUT_S)),
-    )
-    p.add_argument(
-        "--max-restarts",
-        "--max_restarts",
-        dest="max_restarts",
-        default=g(tfenv.MAX_RESTARTS, str(tfenv.DEFAULT_MAX_RESTARTS)),
-    )
-    p.add_argument(
-        "--monitor-interval",
-        "--monitor_interval",
-        dest="monitor_interval",
-        default=g(tfenv.MONITOR_INTERVAL, str(tfenv.DEFAULT_MONITOR_INTERVAL_S)),
-    )
-    p.add_argument(
-        "--health-port",
-        dest="health_port",
-        default=g(tfenv.HEALTH_PORT, str(tfenv.DEFAULT_HEALTH_PORT)),
-    )
-    p.add_argument("--health-host", dest="health_host", default="0.0.0.0")
-    p.add_argument("--node-addr", dest="node_addr", default=g(tfenv.POD_IP, "") or "127.0.0.1")
-    p.add_argument(
-        "--termination-grace",
-        dest="termination_grace",
-        default=g(tfenv.TERMINATION_GRACE, str(tfenv.DEFAULT_TERMINATION_GRACE_S)),
-    )
-    p.add_argument(
-        "--stop-grace",
-        dest="stop_grace",
-        default=g(tfenv.STOP_GRACE, str(tfenv.DEFAULT_STOP_GRACE_S)),
-    )
-    p.add_argument(
-        "--heartbeat-interval",
-        dest="heartbeat_interval",
-        default=g(tfenv.HEARTBEAT_INTERVAL, str(tfenv.DEFAULT_HEARTBEAT_INTERVAL_S)),
-    )
-    p.add_argument(
-        "--liveness-timeout",
-        dest="liveness_timeout",
-        default=g(tfenv.LIVENESS_TIMEOUT, str(tfenv.DEFAULT_LIVENESS_TIMEOUT_S)),
-    )
-    p.add_argument("--rdzv-tls-dir", dest="tls_dir", default=g(tfenv.RDZV_TLS_DIR) or None)
-    p.add_argument("--prewarm", dest="prewarm", default=g(tfenv.PREWARM, "auto"))
-    p.add_argument("command", nargs=argparse.REMAINDER)
+    for flag in _FLAGS:
+        default = (env.get(flag.env) if flag.env else None) or flag.default
+        p.add_argument(
+            *flag.names,
+            dest=flag.dest,
+            default=default,
+            # argparse %-formats help text; a default from the env may hold a '%'.
+            help=(
+                f"{flag.help} (default: {default or 'unset'}"
+                + (f"; env {flag.env})" if flag.env else ")")
+            ).replace("%", "%%"),
+        )
+    p.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
 
 
@@ -251,7 +321,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         stop_grace=_number("--stop-grace", float, 0.0)(ns.stop_grace),
         heartbeat_interval=heartbeat,
         liveness_timeout=liveness,
-        tls_dir=ns.tls_dir,
+        tls_dir=ns.tls_dir or None,
         command=tuple(command),
         prewarm=ns.prewarm == "auto",
     )

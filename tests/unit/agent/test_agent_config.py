@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchflex_agent.cli import main
+from torchflex_agent.cli import USAGE_HINT, main
 from torchflex_agent.config import Endpoint, parse_args, parse_endpoints, resolve_nproc
 from torchflex_agent.errors import ConfigError
 from torchflex_contract import env as tfenv
@@ -117,5 +117,24 @@ def test_resolve_nproc_errors(spec: str, gpu_limit: str | None) -> None:
 def test_cli_usage_error_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--nnodes", "5:1", "--rdzv-id", "j", "--", "true"]) == ExitCode.USAGE
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--nnodes" in err[0]
+    assert len(err) == 2 and "--nnodes" in err[0]
+    assert err[1] == USAGE_HINT
     assert main(["--bogus-flag", "--", "true"]) == ExitCode.USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--bogus-flag" in err[0] and err[1] == USAGE_HINT
+
+
+def test_help_lists_every_flag_with_its_env_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--nnodes", "--rdzv-endpoint", "--max-restarts", "--liveness-timeout"):
+        assert flag in out
+    assert tfenv.MAX_RESTARTS in out
+
+
+def test_empty_env_value_counts_as_unset() -> None:
+    cfg = parse_args([*BASE, "--", "true"], env={tfenv.MAX_RESTARTS: "", tfenv.NNODES: ""})
+    assert cfg.max_restarts == tfenv.DEFAULT_MAX_RESTARTS
+    assert (cfg.min_nodes, cfg.max_nodes) == (1, 1)
