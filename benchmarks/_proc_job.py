@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks._proc_logs import StepLine, parse_steps
+from benchmarks._proc_logs import StepLine, parse_steps, pick_victim
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -219,6 +219,22 @@ class ProcJob:
         node = self._spawn(cmd, f"node{i}", self._env())
         self.nodes.append(node)
         return node
+
+    def start_training(self, nodes: int, warm_steps: int, timeout: float) -> bool:
+        """Start the store and ``nodes`` launchers; True once all trained ``warm_steps`` steps."""
+        self.start_store()
+        for i in range(nodes):
+            self.start_node()
+            if i == 0 and self.flavor.is_torchrun:
+                time.sleep(0.5)  # node 0 binds torchrun's store before the others dial it
+        return self.wait_training(self.nodes, nodes, 0.0, warm_steps, timeout)
+
+    def victim(self) -> tuple[Lines, list[Lines]]:
+        """The node to stop (``_proc_logs.pick_victim``) and the survivors."""
+        world = len(self.nodes)
+        protected = {0} if self.flavor.is_torchrun else set()
+        victim = self.nodes[pick_victim(self.current_ranks(self.nodes, world), protected)]
+        return victim, [n for n in self.nodes if n is not victim]
 
     def _conf(self) -> str:
         return TORCHRUN_CONF["tuned" if self.flavor.name.endswith("tuned") else "default"]

@@ -15,16 +15,16 @@ the arithmetic. Writes the ``operator_scale`` section of RESULTS.md and
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,55 +32,21 @@ import yaml
 
 from benchmarks import report
 from benchmarks._scale_procs import REPO, free_port, start_logged, stop
+from benchmarks._scale_report import Config, SizeResult, as_json, body, fmt_ms, fmt_s, plot
 from benchmarks._scale_stats import (
     count_by,
     cpu_seconds,
-    format_counts,
-    growth,
     parse_log,
     per_minute,
     replacement_latencies,
     status_kib,
 )
-from benchmarks._scale_watch import Tracker
+from benchmarks._scale_watch import PodSeen, Tracker
 from e2e.cluster import Cluster, ensure_up
 from e2e.cluster.layout import KWOK_TAINT_KEY
 from torchflex_contract import labels
 
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-@dataclasses.dataclass
-class Config:
-    jobs: list[int]
-    pods: int
-    nodes: int
-    idle_s: float
-    settle_s: float
-    timeout_s: float
-    fraction: float
-    seed: int
-
-
-@dataclasses.dataclass
-class SizeResult:
-    jobs: int
-    pods: int
-    create_s: float  # kubectl create of all jobs returned
-    pods_exist_s: float | None
-    pods_running_s: float | None
-    jobs_running_s: float | None
-    replaced: int
-    unanswered: int
-    repl_created: list[float]
-    repl_running: list[float]
-    peak_rss_mib: float
-    idle_rss_mib: float
-    cpu: dict[str, float]
-    idle_window_s: float
-    idle_counts: dict[tuple[str, str], int]
-    create_requests: int
-    problems: list[str]
 
 
 def job_manifest(name: str, pods: int) -> dict[str, Any]:
@@ -248,32 +214,42 @@ def run_size(
 
         core = client.CoreV1Api(api)
         deletions: dict[str, list[float]] = {}
-        cpu_d0 = op.cpu()
+        cpu_d0, del0 = op.cpu(), time.monotonic()
         for v in victims:
             deletions.setdefault(v.job, []).append(time.monotonic())
             core.delete_namespaced_pod(v.name, ns)
 
-        def replaced() -> bool:
-            new = [
+        def new_workers() -> list[PodSeen]:
+            return [
                 p
                 for uid, p in tracker.snapshot().items()
                 if uid not in before and p.role == labels.Role.WORKER
             ]
-            return len(new) >= len(victims) and all(p.running is not None for p in new)
+
+        def replaced() -> bool:
+            # Only pods still there count: a replacement deleted again (see
+            # below) has been replaced in turn, and never runs itself.
+            live = [p for p in new_workers() if p.gone is None and not p.terminating]
+            return len(live) >= len(victims) and all(p.running is not None for p in live)
 
         if not wait_until("replacements Running", replaced, cfg.timeout_s):
             problems.append("not every deleted pod was replaced within the bound")
         cpu["replace"] = op.cpu() - cpu_d0
-        new = [
-            p
-            for uid, p in tracker.snapshot().items()
-            if uid not in before and p.role == labels.Role.WORKER
-        ]
+        new = new_workers()
+        lost = [p for p in new if p.gone is not None]
+        if lost:
+            own = count_by(parse_log(proxy_log.read_text()), del0, time.monotonic())
+            op_deletes = sum(n for (verb, res), n in own.items() if verb == "delete")
+            problems.append(
+                f"{len(lost)} replacement pod(s) were deleted again by another client, "
+                f"e.g. {lost[0].name} (the operator's own DELETEs meanwhile: {op_deletes}); "
+                "the operator replaced them too"
+            )
         arrivals: dict[str, list[float]] = {}
         ran: dict[str, list[float]] = {}
         for p in new:
             arrivals.setdefault(p.job, []).append(p.added)
-            if p.running is not None:
+            if p.running is not None and p.gone is None:
                 ran.setdefault(p.job, []).append(p.running)
         repl_created, unanswered = replacement_latencies(deletions, arrivals)
         repl_running, _ = replacement_latencies(deletions, ran)
@@ -309,146 +285,8 @@ def teardown(cluster: Cluster, ns: str, op: Operator, timeout: float) -> None:
     op.stop()
 
 
-def _lead_float(cell: str) -> float:
-    """The number a table cell starts with (NaN for "n/a")."""
-    try:
-        return float(cell.split(maxsplit=1)[0])
-    except (ValueError, IndexError):
-        return float("nan")
-
-
-def _ms(values: Sequence[float], q: float) -> str:
-    return f"{report.percentile(values, q) * 1000:.0f} ms" if values else "n/a"
-
-
-def _s(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f} s"
-
-
-def body(results: Sequence[SizeResult], cfg: Config) -> str:
-    header = ["figure", *[f"{r.jobs} jobs ({r.jobs * r.pods} pods)" for r in results]]
-    header.append("growth (y ~ jobs^k, first to last)")
-    xs = [float(r.jobs) for r in results]
-
-    def row(name: str, fn: Callable[[SizeResult], str]) -> list[str]:
-        cells = [fn(r) for r in results]
-        values = [_lead_float(c) for c in cells]
-        return [name, *cells, growth(xs, values)]
-
-    rows = [
-        row("kubectl create of all jobs returned", lambda r: _s(r.create_s)),
-        row("all worker pods exist", lambda r: _s(r.pods_exist_s)),
-        row("all worker pods Running (kwok)", lambda r: _s(r.pods_running_s)),
-        row("all jobs phase Running", lambda r: _s(r.jobs_running_s)),
-        row("operator requests while creating (non-watch)", lambda r: str(r.create_requests)),
-        row("deleted workers", lambda r: f"{r.replaced} ({r.unanswered} unanswered)"),
-        row("delete -> replacement exists p50", lambda r: _ms(r.repl_created, 50)),
-        row("delete -> replacement exists p99", lambda r: _ms(r.repl_created, 99)),
-        row("delete -> replacement Running p50", lambda r: _ms(r.repl_running, 50)),
-        row("delete -> replacement Running p99", lambda r: _ms(r.repl_running, 99)),
-        row("operator peak RSS (VmHWM)", lambda r: f"{r.peak_rss_mib:.0f} MiB"),
-        row("operator RSS while idle", lambda r: f"{r.idle_rss_mib:.0f} MiB"),
-        row(
-            "idle: requests/min (not watches)",
-            lambda r: f"{per_minute(r.idle_counts, r.idle_window_s, watches=False):.1f}",
-        ),
-        row(
-            "idle: watch (re)opens/min",
-            lambda r: f"{per_minute(r.idle_counts, r.idle_window_s, watches=True):.1f}",
-        ),
-        row("CPU s: start-up (to watches open)", lambda r: f"{r.cpu['startup']:.1f}"),
-        row("CPU s: create -> all Running", lambda r: f"{r.cpu['create']:.1f}"),
-        row("CPU s per idle minute", lambda r: f"{r.cpu['idle_per_min']:.2f}"),
-        row("CPU s: deletions -> replaced", lambda r: f"{r.cpu['replace']:.1f}"),
-        row("CPU s: whole run", lambda r: f"{r.cpu['total']:.1f}"),
-    ]
-    idle_detail = "\n".join(
-        f"- {r.jobs} jobs, {r.idle_window_s:.0f} s idle: {format_counts(r.idle_counts)}"
-        for r in results
-    )
-    problems = "\n".join(f"- {r.jobs} jobs: {p}" for r in results for p in r.problems) or "- none"
-    return f"""
-{cfg.nodes} kwok nodes; jobs of {cfg.pods} workers (minReplicas = maxReplicas =
-{cfg.pods}, default c10d rendezvous, so each job also gets a store pod and a
-headless Service); one run per job count, each with a fresh operator process
-and a fresh namespace. Times are from the start of one `kubectl create` of
-all the jobs.
-
-{report.markdown_table(header, rows)}
-
-![operator scale](plots/operator_scale.png)
-
-What is measured. The operator runs as its own process (`torchflex-operator
---namespace NS --standalone --no-agent-status-poll --metrics-port 0
---health-port 0`; the agent status poll is off because kwok pod IPs are fake
-addresses that must not be dialled) with the admin credentials. Its API
-traffic goes through a counting pass-through proxy on 127.0.0.1
-(`benchmarks/_scale_proxy.py`): the API server's `apiserver_request_total`
-has no per-client label and the local control plane has no audit log, so
-this is the only way to count the operator's requests alone. Pods and jobs
-are timed by watches the benchmark opens itself (arrival times of watch
-events). kwok marks a pod Running as soon as it is bound, with no process,
-and no agent ever reports; a job's phase is the operator's own: Running
-once minReplicas workers are Running (see `planner.availability`), which
-is what "jobs report Running" means here. RSS and CPU come from
-`/proc/<pid>` of the operator (VmHWM, VmRSS, utime+stime). Idle: after all
-were Running, {cfg.settle_s:.0f} s settle, then a {cfg.idle_s:.0f} s window.
-Replacement: {cfg.fraction:.0%} of the worker pods, chosen at random
-(seed {cfg.seed} + jobs), deleted one after another (each delete timed on
-its own); the k-th deletion of a job is paired with the k-th new worker of
-that job seen after it.
-
-Requests while idle, by verb and resource:
-{idle_detail}
-
-Problems seen:
-{problems}
-"""
-
-
-def plot(results: Sequence[SizeResult]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [r.jobs for r in results]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    ax = axes[0][0]
-    series: dict[str, list[float | None]] = {
-        "all pods exist": [r.pods_exist_s for r in results],
-        "all pods Running": [r.pods_running_s for r in results],
-        "all jobs Running": [r.jobs_running_s for r in results],
-    }
-    for label, ys in series.items():
-        ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=label)
-    ax.set_title("create all jobs -> ... (s)")
-    ax.legend()
-    ax = axes[0][1]
-    for q in (50, 99):
-        ax.plot(xs, [report.percentile(r.repl_running, q) if r.repl_running else float("nan")
-                     for r in results], marker="o", label=f"-> Running p{q}")  # fmt: skip
-    ax.set_title("deleted pod -> replacement (s)")
-    ax.legend()
-    ax = axes[1][0]
-    ax.plot(xs, [r.peak_rss_mib for r in results], marker="o", label="peak RSS")
-    ax.set_title("operator memory (MiB)")
-    ax = axes[1][1]
-    ax.plot(xs, [r.cpu["create"] for r in results], marker="o", label="create -> Running")
-    ax.plot(xs, [r.cpu["replace"] for r in results], marker="o", label="replacement")
-    ax.plot(xs, [r.cpu["idle_per_min"] for r in results], marker="o", label="per idle minute")
-    ax.set_title("operator CPU seconds")
-    ax.legend()
-    for row in axes:
-        for a in row:
-            a.set_xlabel("jobs")
-            a.grid(True, alpha=0.3)
-    fig.tight_layout()
-    report.PLOTS_DIR.mkdir(exist_ok=True)
-    path = report.PLOTS_DIR / "operator_scale.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -463,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delete-fraction", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md / plots")
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
     args = p.parse_args(argv)
     q = args.quick
     cfg = Config(
@@ -476,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     write = not (q or args.no_write)
+    # make bench / timeout stop us with SIGTERM: unwind so the finally blocks
+    # stop the operator and the proxy we started, and delete the namespace.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     cluster = ensure_up()
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
     cluster.kubectl(
@@ -502,15 +344,17 @@ def main(argv: list[str] | None = None) -> int:
             r = run_size(cluster, cfg, jobs, work=work, proxy_kc=proxy_kc, proxy_log=proxy_log)
             results.append(r)
             print(
-                f"[operator_scale] {jobs} jobs: pods exist {_s(r.pods_exist_s)}, jobs Running "
-                f"{_s(r.jobs_running_s)}, replacement Running p50 {_ms(r.repl_running, 50)} "
-                f"p99 {_ms(r.repl_running, 99)}, peak RSS {r.peak_rss_mib:.0f} MiB, idle "
+                f"[operator_scale] {jobs} jobs: pods exist {fmt_s(r.pods_exist_s)}, jobs Running "
+                f"{fmt_s(r.jobs_running_s)}, replacement Running p50 {fmt_ms(r.repl_running, 50)} "
+                f"p99 {fmt_ms(r.repl_running, 99)}, peak RSS {r.peak_rss_mib:.0f} MiB, idle "
                 f"{per_minute(r.idle_counts, r.idle_window_s, watches=False):.1f} req/min; "
                 f"({time.monotonic() - t:.0f} s) {'; '.join(r.problems)}",
                 flush=True,
             )
         text = body(results, cfg)
         print(text)
+        if args.json:
+            print(json.dumps(as_json(results)), flush=True)
         if write:
             plot(results)
             cmd = (

@@ -38,7 +38,6 @@ from typing import Any
 from benchmarks._proc_job import Flavor, ProcJob, wait_until
 from benchmarks._proc_logs import (
     parse_steps,
-    pick_victim,
     recovery_seconds,
     resumed_steps,
     steps_lost,
@@ -70,17 +69,10 @@ def run_trial(case: str, workdir: Path) -> Trial:
     flavor = _flavor(case)
     job = ProcJob(flavor, workdir, sigterm_hook=not case.endswith("-nohook"))
     try:
-        job.start_store()
-        for i in range(3):
-            job.start_node()
-            if i == 0 and flavor.is_torchrun:
-                time.sleep(0.5)  # node 0 binds torchrun's store before the others dial it
-        if not job.wait_training(job.nodes, 3, 0.0, _WARM_STEPS, _START_TIMEOUT):
+        if not job.start_training(3, _WARM_STEPS, _START_TIMEOUT):
             trial.problem = "the 3-node job did not start training"
             return trial
-        victim_i = pick_victim(job.current_ranks(job.nodes, 3), {0} if flavor.is_torchrun else ())
-        victim = job.nodes[victim_i]
-        survivors = [n for n in job.nodes if n is not victim]
+        victim, survivors = job.victim()
         termed_at = time.time()
         victim.proc.send_signal(signal.SIGTERM)  # the launcher only, as the kubelet does
 

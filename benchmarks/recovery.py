@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._proc_job import TORCHRUN_CONF, Flavor, ProcJob, signal_tree
-from benchmarks._proc_logs import pick_victim, recovery_seconds
+from benchmarks._proc_logs import recovery_seconds
 from benchmarks.report import markdown_table, summarize, write_section
 
 FLAVORS = ("torchflex", "torchrun-tuned", "torchrun-default")
@@ -72,17 +72,10 @@ def run_trial(flavor: Flavor, workdir: Path, join: bool, trace: bool) -> Trial:
     trial = Trial(flavor.name)
     job = ProcJob(flavor, workdir)
     try:
-        job.start_store()
-        for i in range(3):
-            job.start_node()
-            if i == 0 and flavor.is_torchrun:
-                time.sleep(0.5)  # node 0 binds torchrun's store before the others dial it
-        if not job.wait_training(job.nodes, 3, 0.0, _WARM_STEPS, _START_TIMEOUT):
+        if not job.start_training(3, _WARM_STEPS, _START_TIMEOUT):
             trial.problem = "the 3-node job did not start training"
             return trial
-        victim_i = pick_victim(job.current_ranks(job.nodes, 3), {0} if flavor.is_torchrun else ())
-        victim = job.nodes[victim_i]
-        survivors = [n for n in job.nodes if n is not victim]
+        victim, survivors = job.victim()
         killed_at = time.time()
         signal_tree(victim.proc.pid, signal.SIGKILL)
         timeout = _RECOVER_TIMEOUT[flavor.name]
