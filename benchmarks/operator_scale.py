@@ -217,7 +217,10 @@ def run_size(
         cpu_d0, del0 = op.cpu(), time.monotonic()
         for v in victims:
             deletions.setdefault(v.job, []).append(time.monotonic())
-            core.delete_namespaced_pod(v.name, ns)
+            # Grace 0: the pod object goes at once, as after a real kubelet
+            # confirmed the stop. A graceful delete would be finished by kwok,
+            # which deletes by name and then hits the replacement (see body).
+            core.delete_namespaced_pod(v.name, ns, grace_period_seconds=0)
 
         def new_workers() -> list[PodSeen]:
             return [
