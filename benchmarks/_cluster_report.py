@@ -161,6 +161,6 @@ with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`; *tuned* adds `--rdzv-conf
 torchflex: the operator wraps the command in `torchflex-agent` with its defaults.
 The operator runs with the e2e settings (`--backoff-base 0.5 --backoff-cap 5`).
 
-The dev machine has 2 cores shared with other work (other benchmarks and test
-clusters ran beside this one); expect noise. Rerun on a quiet machine for final
-numbers."""
+Every pod's processes, the control plane and the operator share the machine's
+cores (see the machine line); `make bench` runs one benchmark at a time and
+nothing else should run beside it."""

@@ -165,8 +165,8 @@ benchmark's *tuned* (see there). A torchrun run that "did not re-form" is one wh
 the survivors ended instead: with the hook every rank stops cleanly at the same
 step, so torchrun's survivors see their workers succeed and finish the job.
 
-The dev machine has 2 cores shared with other work; expect noise. Rerun on a
-quiet machine for final numbers."""
+Every process of the job shares the machine's cores (see the machine line);
+`make bench` runs one benchmark at a time and nothing else should run beside it."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -188,8 +188,8 @@ store a scale-up join can deadlock); *tuned* adds `--rdzv-conf
 is evicted after 2 missed, 1 s last call). torchflex: `torchflex-agent` defaults
 with a `torchflex-agent store` process as the c10d store.
 
-The dev machine has 2 cores shared with other work; expect noise. Rerun on a
-quiet machine for final numbers."""
+Every process of the job shares the machine's cores (see the machine line);
+`make bench` runs one benchmark at a time and nothing else should run beside it."""
 
 
 def trials_from_json(result: dict[str, Any]) -> list[Trial]:
