@@ -30,6 +30,16 @@ class KVStore(Protocol):
     decimal ASCII so all backends agree on their representation.
     """
 
+    wait_slice: float
+    """Seconds one ``wait`` of a polling loop should block at most.
+
+    Blocked waits are woken by the write itself; the slice only bounds how
+    late a loop notices its own deadline or a stop request. Short where a
+    wait is cheap (a TCPStore server-side wait); longer where each one costs
+    a new watch stream (etcd), because N joiners re-waiting every slice load
+    the server enough to slow the very rendezvous they wait for.
+    """
+
     def get(self, key: str) -> bytes | None:
         """The value of ``key``, or None if it does not exist (never blocks)."""
         ...
@@ -75,6 +85,8 @@ class MemoryStore:
     ``set_available(False)`` simulates a lost backend: every call then raises
     ``StoreUnavailableError`` like a dropped TCP connection would.
     """
+
+    wait_slice = 0.5
 
     def __init__(self, data: _MemoryData | None = None) -> None:
         self._data = data if data is not None else _MemoryData()

@@ -253,7 +253,7 @@ class RoundMonitor:
     def _watch_stale(self, store: KVStore) -> None:
         try:
             while not self._stop.is_set():
-                if store.wait([self._key(STALE)], _STALE_WAIT_SLICE):
+                if store.wait([self._key(STALE)], max(_STALE_WAIT_SLICE, store.wait_slice)):
                     raw = store.get(self._key(STALE))
                     if raw is None:
                         continue

@@ -71,9 +71,6 @@ from torchflex_contract.store_keys import (
 
 log = logging.getLogger(__name__)
 
-# Longest single block on a key. Wakeups by writes are immediate; this only
-# bounds how late a SIGTERM or a dead closer is noticed while waiting.
-_WAIT_SLICE = 0.5
 # How long the closer waits for a counted joiner to publish its descriptor
 # (it does so right after its ``add``; missing means it died in between).
 _DESCRIPTOR_WAIT = 3.0
@@ -274,7 +271,7 @@ class Rendezvous:
             self.mark_stale(round_no, RestartReason.MEMBER_JOINED, self.node.node_id)
             return
         stale = round_key(self.keys, round_no, STALE)
-        while not self.store.wait([stale], _WAIT_SLICE):
+        while not self.store.wait([stale], self.store.wait_slice):
             self._check_deadline(round_no, deadline, stop, joined=False)
             self._raise_if_job_closed()
 
@@ -295,7 +292,7 @@ class Rendezvous:
             self._try_close(round_no, self.settings.max_nodes)
         closed_key = round_key(self.keys, round_no, CLOSED)
         min_reached_at: float | None = None
-        fallback = max(2 * self.settings.last_call, _WAIT_SLICE)
+        fallback = max(2 * self.settings.last_call, self.store.wait_slice)
         while True:
             raw = self.store.get(closed_key)
             if raw is not None:
@@ -313,7 +310,7 @@ class Rendezvous:
                 arrivals = self.store.add(round_key(self.keys, round_no, ARRIVALS), 0)
                 self._try_close(round_no, min(arrivals, self.settings.max_nodes))
                 continue
-            self.store.wait([closed_key], min(decision.wait, _WAIT_SLICE))
+            self.store.wait([closed_key], min(decision.wait, self.store.wait_slice))
             self._check_deadline(round_no, deadline, stop, joined=True)
         if self.stale_mark(round_no) is not None:
             return None

@@ -41,6 +41,11 @@ def _unb64(text: str) -> bytes:
 class EtcdKVStore:
     """A client of one etcd endpoint (the first reachable one of a list)."""
 
+    # Each wait opens a watch stream (etcd3gw: an HTTP request and a reader
+    # thread). 128 joiners re-waiting every 0.5 s took 20 s to rendezvous;
+    # with 2 s slices, 2 s (benchmarks.rendezvous).
+    wait_slice = 2.0
+
     def __init__(
         self,
         endpoints: Sequence[tuple[str, str, int]],
