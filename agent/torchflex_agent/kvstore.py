@@ -50,6 +50,21 @@ class KVStore(Protocol):
         """Atomically add ``amount`` to a counter (absent = 0); returns the new value."""
         ...
 
+    def take_ticket(self, key: str) -> int:
+        """Take the next number of a ticket counter: 1, 2, ... in the order takers arrive.
+
+        Numbers are unique and dense. A ticket counter is only ever taken
+        from and counted (``tickets``), never read with ``get`` or written
+        otherwise, so a backend without an atomic increment may keep it in
+        any form: etcd keeps one key per ticket, ordered by its revision,
+        instead of a counter N joiners would fight over.
+        """
+        ...
+
+    def tickets(self, key: str) -> int:
+        """How many tickets of ``key`` were taken so far (never blocks)."""
+        ...
+
     def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes | None:
         """Set ``key`` to ``desired`` iff it holds ``expected`` (None: absent).
 
@@ -120,6 +135,12 @@ class MemoryStore:
             self._data.values[key] = str(new).encode()
             self._data.cond.notify_all()
             return new
+
+    def take_ticket(self, key: str) -> int:
+        return self.add(key, 1)
+
+    def tickets(self, key: str) -> int:
+        return self.add(key, 0)
 
     def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes | None:
         with self._data.cond:

@@ -13,7 +13,7 @@ Protocol for round r (one pass, a handful of round trips per node):
 2. if ``r/closed`` exists the round runs without us: count ourselves in
    ``r/waiting``, mark it stale (reason MemberJoined) if it has room, wait
    for ``r/stale`` and move on;
-3. else ``add(r/arrivals, 1)`` gives our arrival index i, and we publish our
+3. else ``take_ticket(r/arrivals)`` gives our arrival index i, and we publish our
    descriptor at ``r/node/i``; the arrival that reaches max closes at once,
    the others block on ``r/closed`` (server-side wait / etcd watch), closing
    it themselves once min arrived and the last call passed;
@@ -154,7 +154,7 @@ class Rendezvous:
             self.mark_stale(round_no, RestartReason.STORE_LOST, self.node.node_id)
 
     def waiting_count(self, round_no: int) -> int:
-        return self.store.add(round_key(self.keys, round_no, WAITING), 0)
+        return self.store.tickets(round_key(self.keys, round_no, WAITING))
 
     def close_job(self, outcome: str, message: str = "") -> None:
         value = json.dumps({"outcome": outcome, "message": message, "by": self.node.node_id})
@@ -253,7 +253,7 @@ class Rendezvous:
                 self.abort_round(round_no, RestartReason.MEMBER_LEFT, "left while joining")
             raise RendezvousInterruptedError(f"stopped while in round {round_no}")
         if self._clock() >= deadline:
-            arrivals = self.store.add(round_key(self.keys, round_no, ARRIVALS), 0)
+            arrivals = self.store.tickets(round_key(self.keys, round_no, ARRIVALS))
             if joined:
                 self.abort_round(round_no, RestartReason.MEMBER_LEFT, "join timeout")
             raise RendezvousTimeoutError(
@@ -266,7 +266,7 @@ class Rendezvous:
         self, round_no: int, closed_count: int, deadline: float, stop: threading.Event | None
     ) -> None:
         """We arrived after closure: ask to be let in, then wait for the round to end."""
-        self.store.add(round_key(self.keys, round_no, WAITING), 1)
+        self.store.take_ticket(round_key(self.keys, round_no, WAITING))
         if waiter_marks_stale(closed_count, self.settings.max_nodes):
             self.mark_stale(round_no, RestartReason.MEMBER_JOINED, self.node.node_id)
             return
@@ -283,7 +283,7 @@ class Rendezvous:
         expected: int | None = None,
     ) -> RendezvousResult | None:
         """Arrive in an open round; None if we ended up waiting or the round died."""
-        index = self.store.add(round_key(self.keys, round_no, ARRIVALS), 1) - 1
+        index = self.store.take_ticket(round_key(self.keys, round_no, ARRIVALS)) - 1
         self.store.set(
             round_key(self.keys, round_no, NODE, index), json.dumps(self.node.to_json()).encode()
         )
@@ -299,7 +299,7 @@ class Rendezvous:
                 break
             decision = close_decision(
                 now=self._clock(),
-                arrivals=self.store.add(round_key(self.keys, round_no, ARRIVALS), 0),
+                arrivals=self.store.tickets(round_key(self.keys, round_no, ARRIVALS)),
                 settings=self.settings,
                 min_reached_at=min_reached_at,
                 fallback_wait=fallback,
@@ -307,7 +307,7 @@ class Rendezvous:
             )
             min_reached_at = decision.min_reached_at
             if decision.close:
-                arrivals = self.store.add(round_key(self.keys, round_no, ARRIVALS), 0)
+                arrivals = self.store.tickets(round_key(self.keys, round_no, ARRIVALS))
                 self._try_close(round_no, min(arrivals, self.settings.max_nodes))
                 continue
             self.store.wait([closed_key], min(decision.wait, self.store.wait_slice))

@@ -3,7 +3,9 @@
 Where it sits: an alternative to the TCPStore backend for clusters that
 already run etcd (or where the store must survive restarts: etcd persists,
 a TCPStore pod does not). Uses ``etcd3gw`` (HTTP/JSON, no grpc wheels).
-``compare_set`` is one transaction, ``add`` is a bounded compare-and-swap
+``compare_set`` is one transaction, ``take_ticket`` one put of a key of
+the taker's own (its number is its rank by revision: no contention, which
+is what makes a 64-agent rendezvous fast), ``add`` is a bounded compare-and-swap
 loop on the key's ``mod_revision`` (a lost race returns the winner's value
 and revision in the same reply, so a retry costs one request, not two,
 and retries back off with jitter so N contending agents do not collide in
@@ -17,6 +19,7 @@ from __future__ import annotations
 import base64
 import random
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -28,6 +31,17 @@ from torchflex_agent.errors import StoreUnavailableError
 _MAX_ADD_ATTEMPTS = 200
 _ADD_BACKOFF_S = 0.002
 _ADD_BACKOFF_MAX_S = 0.05
+
+
+def _ticket_prefix(key: str) -> str:
+    """Where the tickets of ``key`` live: one key each, below ``key/tickets/``."""
+    return key.rstrip("/") + "/tickets/"
+
+
+def _prefix_range(prefix: str) -> dict[str, str]:
+    """The range request fields that select every key starting with ``prefix``."""
+    raw = prefix.encode()
+    return {"key": _b64(raw), "range_end": _b64(raw[:-1] + bytes([raw[-1] + 1]))}
 
 
 def _b64(data: bytes) -> str:
@@ -42,8 +56,8 @@ class EtcdKVStore:
     """A client of one etcd endpoint (the first reachable one of a list)."""
 
     # Each wait opens a watch stream (etcd3gw: an HTTP request and a reader
-    # thread). 128 joiners re-waiting every 0.5 s took 20 s to rendezvous;
-    # with 2 s slices, 2 s (benchmarks.rendezvous).
+    # thread); 64 joiners re-waiting every 0.5 s took 5 s to rendezvous,
+    # with 2 s slices 1.7 s (benchmarks.rendezvous).
     wait_slice = 2.0
 
     def __init__(
@@ -144,6 +158,27 @@ class EtcdKVStore:
             if value is not None and mod_rev == 0:
                 value, mod_rev, _rev = self._range(key)
         raise StoreUnavailableError(f"etcd add on {key}: too much contention")
+
+    def take_ticket(self, key: str) -> int:
+        # One uncontended put of a key of our own under ``key/``; our number
+        # is how many such keys were created up to and including ours. etcd
+        # revisions are unique and totally ordered, and every put with a lower
+        # revision is committed before ours, so the numbers are dense.
+        prefix = _ticket_prefix(key)
+        result = self._post(
+            "/kv/put", {"key": _b64((prefix + uuid.uuid4().hex).encode()), "value": ""}
+        )
+        revision = int(result.get("header", {}).get("revision", 0))
+        if revision <= 0:
+            raise StoreUnavailableError(f"etcd put under {prefix}: no revision in the reply")
+        # etcd's reply ``count`` ignores revision filters: read the keys (no
+        # values) and count those created up to our put ourselves.
+        kvs = self._post("/kv/range", {**_prefix_range(prefix), "keys_only": True}).get("kvs")
+        return sum(1 for kv in kvs or [] if int(kv.get("create_revision", 0)) <= revision)
+
+    def tickets(self, key: str) -> int:
+        request = {**_prefix_range(_ticket_prefix(key)), "count_only": True}
+        return int(self._post("/kv/range", request).get("count", 0))
 
     def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes | None:
         if expected is None:

@@ -81,6 +81,12 @@ class TCPKVStore:
         except (DistError, RuntimeError) as exc:
             raise self._unavailable(exc) from exc
 
+    def take_ticket(self, key: str) -> int:
+        return self.add(key, 1)  # the server's add is atomic: no contention to avoid
+
+    def tickets(self, key: str) -> int:
+        return self.add(key, 0)
+
     def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> bytes | None:
         if not desired:
             raise ValueError("compare_set needs a non-empty desired value")

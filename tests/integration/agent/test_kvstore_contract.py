@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from tests.integration.agent.conftest import Backend
+from torchflex_agent.kvstore import KVStore
 
 
 def fresh(prefix: str) -> str:
@@ -93,3 +94,31 @@ def test_wait_times_out_and_the_connection_stays_usable(backend: Backend) -> Non
     store.set(key, b"v")
     assert store.wait([key], 0.3) is True
     assert store.get(key) == b"v"
+
+
+@pytest.mark.timeout(60)
+def test_tickets_are_unique_dense_and_counted(backend: Backend) -> None:
+    # 16 takers at once, each on its own connection, as joining agents are.
+    key = fresh("tickets")
+    takers = [backend.connect() for _ in range(16)]
+    numbers: list[int] = []
+    lock = threading.Lock()
+    go = threading.Event()
+
+    def take(store: KVStore) -> None:
+        go.wait(10)
+        n = store.take_ticket(key)
+        with lock:
+            numbers.append(n)
+
+    threads = [threading.Thread(target=take, args=(s,), daemon=True) for s in takers]
+    for t in threads:
+        t.start()
+    assert takers[0].tickets(key) == 0
+    go.set()
+    for t in threads:
+        t.join(30)
+    assert sorted(numbers) == list(range(1, 17))
+    assert takers[0].tickets(key) == 16
+    assert takers[1].take_ticket(key) == 17
+    assert takers[2].tickets(fresh("none")) == 0

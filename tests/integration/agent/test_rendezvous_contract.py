@@ -212,7 +212,7 @@ def form_with_member_process(
         probe = backend.connect()
         arrivals = round_key(Keys(run_id), 0, ARRIVALS)
         deadline = time.monotonic() + 30
-        while probe.add(arrivals, 0) < 1:
+        while probe.tickets(arrivals) < 1:
             assert time.monotonic() < deadline, "member process never arrived"
             assert proc.poll() is None, "member process died"
             time.sleep(0.05)
