@@ -72,7 +72,7 @@ from torchflex_contract.store_keys import (
 log = logging.getLogger(__name__)
 
 # How long the closer waits for a counted joiner to publish its descriptor
-# (it does so right after its ``add``; missing means it died in between).
+# (it does so right after taking its ticket; missing means it died in between).
 _DESCRIPTOR_WAIT = 3.0
 _MAX_ROUND_HOPS = 10_000
 
