@@ -63,7 +63,7 @@ def body(
             [
                 f"`CI=true bash .ci/run` in a fresh clone, warm caches{tests}",
                 _mmss(ci_s),
-                "the run's own `[ci]` and pytest lines",
+                "`time bash .ci/run`",
             ]
         )
     if cluster_up_s is not None:
