@@ -20,12 +20,12 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from benchmarks._cluster_logs import Event, parse_events
-from benchmarks._proc_job import TORCHRUN_CONF, TORCHRUN_ENV
+from benchmarks._proc_job import TORCHRUN_CONF, TORCHRUN_ENV, wait_until
 from e2e.cluster import Cluster
 from e2e.trainlog import FileTail
 from e2e.workload import TrainingJob, apply
@@ -76,15 +76,6 @@ def bench_job(flavor: str, name: str, ckpt: Path, replicas: int) -> BenchJob:
         extra_env=tuple(env),
         rdzv_conf=TORCHRUN_CONF["tuned"] if flavor == "torchrun-tuned" else "",
     )
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, poll: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(poll)
-    return pred()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,6 @@ from benchmarks._cluster_job import (
     ClusterJob,
     PodWatch,
     bench_job,
-    wait_until,
 )
 from benchmarks._cluster_logs import (
     all_at_world,
@@ -53,6 +52,7 @@ from benchmarks._cluster_logs import (
     training_at,
 )
 from benchmarks._cluster_report import FLAVORS, Trial, markdown, summary
+from benchmarks._proc_job import wait_until
 from benchmarks._proc_logs import pick_victim
 from benchmarks.report import write_section
 from e2e.cluster import Cluster, ensure_up
