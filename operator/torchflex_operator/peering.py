@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from torchflex_operator.errors import OperatorError
 from torchflex_operator.spec import parse_time
+from torchflex_operator.workqueue import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -182,12 +183,7 @@ class PeeringGate(Gate):
         self._tasks.append(asyncio.create_task(self._timer(), name="peering timer"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
 
     async def _timer(self) -> None:
         """Re-decide on every observation, and when a blocking peer's keep-alive expires."""

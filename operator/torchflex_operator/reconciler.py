@@ -16,7 +16,6 @@ the ``peering`` gate: a standby replica takes no key and writes nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import time
@@ -42,7 +41,7 @@ from torchflex_operator.planner import Plan, plan
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 from torchflex_operator.vocabulary import EventType
-from torchflex_operator.workqueue import WorkQueue
+from torchflex_operator.workqueue import WorkQueue, cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +99,7 @@ class Reconciler:
 
     async def stop(self) -> None:
         await self.gate.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await cancel_all(self._tasks)
 
     def enqueue(self, key: JobKey, delay: float = 0.0) -> None:
         self.queue.add(key, delay)

@@ -3,7 +3,8 @@
 Where it sits: handlers ``add`` job keys on every relevant watch event; the
 reconciler's workers ``get`` them. Like client-go's rate-limited queue: a key
 added while it is being processed is run again after ``done``; a delayed add
-never postpones an earlier one.
+never postpones an earlier one. ``cancel_all`` stops the background tasks of
+the reconciler and of peering alike.
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+
+
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks``, wait until each has finished unwinding, and empty the list."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    tasks.clear()
 
 
 class WorkQueue(Generic[K]):
