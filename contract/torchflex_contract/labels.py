@@ -77,6 +77,11 @@ def etcd_service_name(job: str) -> str:
     return f"{job}-etcd"
 
 
+def network_policy_name(job: str) -> str:
+    """The job's NetworkPolicy (``spec.networkPolicy.enabled``)."""
+    return f"{job}-isolation"
+
+
 def worker_selector(job: str) -> str:
     """Label selector of a job's worker pods (``status.selector``, scale subresource)."""
     return f"{Label.JOB_NAME}={job},{Label.ROLE}={Role.WORKER}"

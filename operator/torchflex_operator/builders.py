@@ -187,6 +187,8 @@ def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
         )
         pod_spec["volumes"] = volumes
     pod_spec["restartPolicy"] = "Never"  # the agent restarts workers; a pod exit is final
+    # The agent never calls the API: no token unless the template asks for one.
+    pod_spec.setdefault("automountServiceAccountToken", False)
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = labels.workers_service_name(job.name)
     _node_loss_tolerations(pod_spec, settings.node_loss_toleration_s)
@@ -222,9 +224,11 @@ def _aux_pod(job: JobSpec, name: str, role: Role, container: Manifest) -> Manife
             "serviceAccountName",
             "priorityClassName",
             "securityContext",
+            "automountServiceAccountToken",
         )
         if key in src
     }
+    pod_spec.setdefault("automountServiceAccountToken", False)
     pod_spec["containers"] = [container]
     pod_spec["restartPolicy"] = "Always"
     pod_spec["hostname"] = name

@@ -34,6 +34,7 @@ class OwnedCache:
     def __init__(self) -> None:
         self.pods: dict[JobKey, dict[str, PodView]] = {}
         self.services: dict[JobKey, set[str]] = {}
+        self.network_policies: dict[JobKey, set[str]] = {}
         self._seq = 0
         self._touched: dict[JobKey, dict[str, int]] = {}
         """pod name -> sequence number of its latest watch event (see ``merge_listed``)."""
@@ -68,11 +69,20 @@ class OwnedCache:
         return key
 
     def update_service(self, event: str | None, svc: Mapping[str, Any]) -> JobKey | None:
-        key = job_key_of(svc)
+        return self._update_named(self.services, event, svc)
+
+    def update_network_policy(self, event: str | None, obj: Mapping[str, Any]) -> JobKey | None:
+        return self._update_named(self.network_policies, event, obj)
+
+    @staticmethod
+    def _update_named(
+        by_job: dict[JobKey, set[str]], event: str | None, obj: Mapping[str, Any]
+    ) -> JobKey | None:
+        key = job_key_of(obj)
         if key is None:
             return None
-        name = str((svc.get("metadata") or {}).get("name"))
-        names = self.services.setdefault(key, set())
+        name = str((obj.get("metadata") or {}).get("name"))
+        names = by_job.setdefault(key, set())
         if event == "DELETED":
             names.discard(name)
         else:
@@ -87,6 +97,9 @@ class OwnedCache:
 
     def job_services(self, key: JobKey) -> frozenset[str]:
         return frozenset(self.services.get(key, set()))
+
+    def job_network_policies(self, key: JobKey) -> frozenset[str]:
+        return frozenset(self.network_policies.get(key, set()))
 
     def merge_listed(self, key: JobKey, pods: Sequence[Mapping[str, Any]], since: int) -> None:
         """Take a fresh LIST of one job's pods, sent after ``mark()`` returned ``since``.
@@ -114,6 +127,7 @@ class OwnedCache:
     def forget(self, key: JobKey) -> None:
         self.pods.pop(key, None)
         self.services.pop(key, None)
+        self.network_policies.pop(key, None)
         self._touched.pop(key, None)
         self._seen_uids.pop(key, None)
 

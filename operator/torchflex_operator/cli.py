@@ -103,7 +103,35 @@ def parser() -> argparse.ArgumentParser:
         metavar="S",
         help="wait past a pod's grace period on a lost node before force-deleting it",
     )
+    netpol = p.add_argument_group("the operator as seen by each job's NetworkPolicy")
+    netpol.add_argument(
+        "--operator-pod-namespace",
+        metavar="NS",
+        help="namespace of the operator's own pods (with --operator-pod-label)",
+    )
+    netpol.add_argument(
+        "--operator-pod-label",
+        action="append",
+        default=[],
+        type=label_arg,
+        metavar="KEY=VALUE",
+        help="a label of the operator's own pods (repeatable)",
+    )
+    netpol.add_argument(
+        "--operator-cidr",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="source range of an operator running outside the cluster (repeatable)",
+    )
     return p
+
+
+def label_arg(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -114,6 +142,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
         backoff_cap_s=args.backoff_cap,
         resync_s=args.resync,
         force_delete_after_s=args.force_delete_after,
+        operator_namespace=args.operator_pod_namespace,
+        operator_pod_labels=tuple(args.operator_pod_label),
+        operator_cidrs=tuple(args.operator_cidr),
     )
 
 

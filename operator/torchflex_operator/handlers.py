@@ -93,6 +93,12 @@ def register(
         if key is not None:
             reconciler.enqueue(key)
 
+    @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=_OWNED, registry=registry)
+    async def network_policy_event(type: str, body: kopf.Body, **_: Any) -> None:
+        key = reconciler.cache.update_network_policy(type, dict(body))
+        if key is not None:
+            reconciler.enqueue(key)
+
     if watch_nodes:
 
         @kopf.on.event("", "v1", "nodes", registry=registry)

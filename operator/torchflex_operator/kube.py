@@ -60,6 +60,7 @@ class Kube:
         self.api = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.on_request = on_request
         """Called with the verb of every request made here (metrics)."""
 
@@ -168,6 +169,27 @@ class Kube:
             (409,),
             f"create service {ns}/{name}",
             lambda: self.core.create_namespaced_service(ns, body, _request_timeout=_TIMEOUT_S),
+        )
+
+    async def create_network_policy(self, manifest: Mapping[str, Any]) -> bool:
+        ns = manifest["metadata"]["namespace"]
+        name = manifest["metadata"]["name"]
+        body: Any = dict(manifest)
+        return await self._ignore(
+            (409,),
+            f"create networkpolicy {ns}/{name}",
+            lambda: self.networking.create_namespaced_network_policy(
+                ns, body, _request_timeout=_TIMEOUT_S
+            ),
+        )
+
+    async def delete_network_policy(self, namespace: str, name: str) -> bool:
+        return await self._ignore(
+            (404,),
+            f"delete networkpolicy {namespace}/{name}",
+            lambda: self.networking.delete_namespaced_network_policy(
+                name, namespace, _request_timeout=_TIMEOUT_S
+            ),
         )
 
     async def delete_pod(self, namespace: str, name: str, uid: str, *, force: bool) -> bool:

@@ -120,6 +120,7 @@ class Observed:
 
     pods: tuple[PodView, ...] = ()
     services: frozenset[str] = frozenset()
+    network_policies: frozenset[str] = frozenset()
     node_ready: Mapping[str, bool] = dataclasses.field(default_factory=dict)
     """Known nodes and whether they are Ready; a missing key means the node is gone."""
     nodes_known: bool = False

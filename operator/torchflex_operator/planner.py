@@ -18,7 +18,7 @@ from typing import Any
 
 from torchflex_contract import labels
 from torchflex_contract.labels import Role
-from torchflex_operator import builders, rollout
+from torchflex_operator import builders, netpol, rollout
 from torchflex_operator.conditions import set_condition
 from torchflex_operator.failures import classify, succeeded
 from torchflex_operator.observed import Observed, PodView
@@ -48,6 +48,8 @@ class Event:
 class Plan:
     create_pods: list[Manifest] = dataclasses.field(default_factory=list)
     create_services: list[Manifest] = dataclasses.field(default_factory=list)
+    create_network_policies: list[Manifest] = dataclasses.field(default_factory=list)
+    delete_network_policies: list[str] = dataclasses.field(default_factory=list)
     delete_pods: list[PodDelete] = dataclasses.field(default_factory=list)
     status: Manifest = dataclasses.field(default_factory=dict)
     events: list[Event] = dataclasses.field(default_factory=list)
@@ -357,6 +359,15 @@ class _Pass:
             if svc["metadata"]["name"] not in self.obs.services:
                 self.plan.create_services.append(svc)
 
+    def ensure_network_policy(self) -> None:
+        """Keep the job's NetworkPolicy while enabled, delete it once opted out."""
+        name = netpol.policy_name(self.job.name)
+        present = name in self.obs.network_policies
+        if self.job.network_policy and not present:
+            self.plan.create_network_policies.append(netpol.network_policy(self.job, self.settings))
+        elif not self.job.network_policy and present:
+            self.plan.delete_network_policies.append(name)
+
     def availability(self) -> None:
         job = self.job
         running = sum(1 for w in self.workers if w.running)
@@ -464,6 +475,7 @@ def plan(
             if not Phase(p.s["phase"]).finished:
                 p.rendezvous_host()
                 p.ensure_services()
+                p.ensure_network_policy()
                 p.scale()
                 p.roll()
         if Phase(p.s["phase"]).finished:

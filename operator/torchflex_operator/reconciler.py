@@ -174,6 +174,7 @@ class Reconciler:
         return Observed(
             pods=tuple(pods),
             services=self.cache.job_services(key),
+            network_policies=self.cache.job_network_policies(key),
             node_ready=dict(self.nodes.ready),
             nodes_known=self.nodes.synced,
             reports=reports,
@@ -235,6 +236,11 @@ class Reconciler:
                 self._synced.discard(key)  # planned from a stale job: re-read, re-plan
                 raise
             self.jobs[key] = fresh
+        # The policy first: a job's store never listens unprotected.
+        for policy in result.create_network_policies:
+            await self.kube.create_network_policy(policy)
+        for policy_name in result.delete_network_policies:
+            await self.kube.delete_network_policy(namespace, policy_name)
         for svc in result.create_services:
             await self.kube.create_service(svc)
         for manifest in result.create_pods:

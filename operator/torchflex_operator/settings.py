@@ -25,3 +25,9 @@ class Settings:
     only the watch-fed caches, so an idle job costs no API request."""
     accounted_pods_kept: int = 64
     """How many handled failed-pod UIDs status remembers (must exceed maxReplicas' churn)."""
+    operator_namespace: str | None = None
+    """Where the operator's own pods run (``--operator-pod-namespace``): with
+    ``operator_pod_labels`` it names the operator in each job's NetworkPolicy."""
+    operator_pod_labels: tuple[tuple[str, str], ...] = ()
+    operator_cidrs: tuple[str, ...] = ()
+    """Source ranges of an operator outside the cluster, admitted to the agents' health port."""

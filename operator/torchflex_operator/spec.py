@@ -65,6 +65,8 @@ class JobSpec:
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     generation: int = 0
     deleting: bool = False
+    network_policy: bool = True
+    """``spec.networkPolicy.enabled``: the operator keeps a NetworkPolicy isolating the job."""
 
     @property
     def desired(self) -> int:
@@ -118,6 +120,7 @@ class JobSpec:
                 clean_pod_policy=CleanPodPolicy(spec.get("cleanPodPolicy", "Running")),
                 generation=int(meta.get("generation", 0)),
                 deleting=bool(meta.get("deletionTimestamp")),
+                network_policy=bool((spec.get("networkPolicy") or {}).get("enabled", True)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc

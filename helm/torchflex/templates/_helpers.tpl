@@ -145,6 +145,10 @@ watches for handlers.py.
 - apiGroups: [""]
   resources: [services]
   verbs: [list, watch, create]
+# Each job's NetworkPolicy: watched by kopf, created, deleted when a job opts out.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, watch, create, delete]
 # The operator's decisions as Events on the ElasticJob.
 - apiGroups: [""]
   resources: [events]

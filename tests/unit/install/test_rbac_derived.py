@@ -2,8 +2,8 @@
 
 What the operator calls is read from its code, not from a list kept by hand:
 - ``kube.py`` (the only module calling the API): every ``self.core.X`` /
-  ``self.custom.X`` call, mapped from the client's method name to a verb and
-  resource (``create_namespaced_pod`` → pods create);
+  ``self.custom.X`` / ``self.networking.X`` call, mapped from the client's
+  method name to a verb and resource (``create_namespaced_pod`` → pods create);
 - ``handlers.py``: every ``kopf.on.event(group, version, plural)`` is a kopf
   watch (list + watch);
 - ``builders.py``: owner references with ``blockOwnerDeletion`` need
@@ -39,6 +39,7 @@ CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions", "clusterko
 _VERBS = {"create": "create", "delete": "delete", "list": "list", "get": "get", "read": "get",
           "patch": "patch", "replace": "update"}  # fmt: skip
 _CORE_PLURALS = {"pod": "pods", "service": "services", "event": "events", "node": "nodes"}
+_NETWORKING_PLURALS = {"network_policy": "networkpolicies"}
 _METHOD = re.compile(r"^(?P<verb>[a-z]+)_namespaced_(?P<kind>[a-z_]+?)(?P<status>_status)?$")
 
 
@@ -53,7 +54,7 @@ def _client_calls() -> list[tuple[str, str]]:
             and isinstance(node.func.value, ast.Attribute)
             and isinstance(node.func.value.value, ast.Name)
             and node.func.value.value.id == "self"
-            and node.func.value.attr in ("core", "custom")
+            and node.func.value.attr in ("core", "custom", "networking")
         ):
             calls.append((node.func.value.attr, node.func.attr))
     return calls
@@ -68,6 +69,8 @@ def kube_rules() -> set[Rule]:
         if api == "custom":
             assert m["kind"] == "custom_object", method
             group, resource = labels.GROUP, labels.PLURAL
+        elif api == "networking":
+            group, resource = "networking.k8s.io", _NETWORKING_PLURALS[m["kind"]]
         else:
             group, resource = "", _CORE_PLURALS[m["kind"]]
         out.add((group, resource + ("/status" if m["status"] else ""), verb))
