@@ -51,11 +51,21 @@ class AgentReport:
     restarts: int = 0
     last_restart_reason: RestartReason = RestartReason.NONE
     message: str = ""
+    lost_pods: tuple[str, ...] = ()
+    """Pods (``metadata.name``) the group declared lost (silent: no heartbeat, no
+    presence) when round ``lost_round`` went stale. The operator fences and
+    replaces such a pod when its own agent does not show it in a newer round."""
+    lost_round: int = -1
+    store_error: str = ""
+    """Non-empty while this agent cannot reach its rendezvous store (the last
+    operation's error, bounded by the per-operation deadline): the operator
+    surfaces it as a condition and an Event."""
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["state"] = self.state.value
         data["last_restart_reason"] = self.last_restart_reason.value
+        data["lost_pods"] = list(self.lost_pods)
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -77,6 +87,9 @@ class AgentReport:
                 restarts=int(raw.get("restarts", 0)),
                 last_restart_reason=RestartReason(raw.get("last_restart_reason", "")),
                 message=str(raw.get("message", ""))[:MAX_TERMINATION_MESSAGE],
+                lost_pods=tuple(str(p) for p in raw.get("lost_pods") or ()),
+                lost_round=int(raw.get("lost_round", -1)),
+                store_error=str(raw.get("store_error", ""))[:MAX_TERMINATION_MESSAGE],
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"malformed agent report: {exc}") from exc

@@ -28,5 +28,15 @@ class PermanentError(OperatorError):
     """Retrying the same request cannot succeed (403, 422, bad spec)."""
 
 
+class AccessDeniedError(PermanentError):
+    """The authorizer (RBAC) refused the operator's own identity (403 "cannot ...").
+
+    Distinct from other 403s (Pod Security admission, a terminating namespace):
+    it says the operator's rights are gone, which is what ``helm uninstall``
+    does while the operator pod is still stopping, so the reconciler reports it
+    once instead of once per job and pass.
+    """
+
+
 class InvalidSpecError(PermanentError):
     """The job's spec cannot be run (the schema should have caught it)."""

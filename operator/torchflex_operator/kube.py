@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -21,7 +23,12 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from torchflex_contract import labels
-from torchflex_operator.errors import ConflictError, PermanentError, RetryableError
+from torchflex_operator.errors import (
+    AccessDeniedError,
+    ConflictError,
+    PermanentError,
+    RetryableError,
+)
 from torchflex_operator.spec import format_time
 
 log = logging.getLogger(__name__)
@@ -31,6 +38,9 @@ _TIMEOUT_S = 15
 _WATCH_S = 300
 PEERING_GROUP = "kopf.dev"
 PEERING_VERSION = "v1"
+# The authorizer's refusal reads 'User "system:serviceaccount:ns:sa" cannot get resource ...';
+# admission refusals (Pod Security) and a terminating namespace are 403s without it.
+_RBAC_DENIAL = re.compile(r'(User|Group) "[^"]*" cannot ')
 
 
 def load_api_client() -> Any:
@@ -44,6 +54,16 @@ def load_api_client() -> Any:
         return client.ApiClient(cfg)
 
 
+def _message(exc: ApiException) -> str:
+    """The API Status's message (the body is JSON), or the raw body."""
+    body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body
+    return str(parsed.get("message", "")) if isinstance(parsed, dict) else body
+
+
 def _typed(exc: ApiException, what: str) -> Exception:
     status = int(exc.status or 0)
     detail = f"{what}: HTTP {status} {exc.reason}"
@@ -52,6 +72,8 @@ def _typed(exc: ApiException, what: str) -> Exception:
     if status == 429 or status >= 500 or status == 0:
         retry = exc.headers.get("Retry-After") if exc.headers else None
         return RetryableError(detail, float(retry) if retry and retry.isdigit() else None)
+    if status == 403 and _RBAC_DENIAL.search(_message(exc)):
+        return AccessDeniedError(detail)
     return PermanentError(detail)
 
 

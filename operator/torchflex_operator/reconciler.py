@@ -26,6 +26,7 @@ from torchflex_contract import labels
 from torchflex_operator.agent_status import StatusPoller
 from torchflex_operator.cache import JobKey, NodeCache, OwnedCache
 from torchflex_operator.errors import (
+    AccessDeniedError,
     ConflictError,
     InvalidSpecError,
     PermanentError,
@@ -44,6 +45,10 @@ from torchflex_operator.vocabulary import EventType
 from torchflex_operator.workqueue import WorkQueue, cancel_all
 
 log = logging.getLogger(__name__)
+# A withdrawn ClusterRoleBinding refuses every job at once: say it once per this
+# many seconds, not once per job and pass (helm uninstall does exactly this).
+DENIED_WARN_EVERY_S = 300.0
+RIGHTS_WITHDRAWN = "operator rights withdrawn"
 
 
 def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,6 +93,7 @@ class Reconciler:
         self._workers = workers
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[JobKey, int] = {}
+        self._denied_warned_at: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -146,6 +152,10 @@ class Reconciler:
                 log.info("reconcile %s/%s: %s; retrying in %.1fs", *key, exc, delay)
                 self.metrics.reconciles.labels("retry").inc()
                 self.queue.add(key, delay)
+            except AccessDeniedError as exc:
+                self._rights_refused(key, exc)
+                self.metrics.reconciles.labels("denied").inc()
+                self.queue.add(key, self.settings.resync_s)
             except PermanentError as exc:
                 log.error("reconcile %s/%s: %s", *key, exc)
                 self.metrics.reconciles.labels("error").inc()
@@ -162,6 +172,28 @@ class Reconciler:
             finally:
                 self.metrics.latency.observe(time.perf_counter() - started)
                 self.queue.done(key)
+
+    def _rights_refused(self, key: JobKey, exc: AccessDeniedError) -> None:
+        """RBAC refused us: one warning per ``DENIED_WARN_EVERY_S``, the rest at debug.
+
+        The job is left exactly as it is (nothing half-applied matters: the next
+        pass plans from the whole observed state again) and retried at the slow
+        resync, so rights that come back (a re-install) resume reconciling.
+        """
+        now = time.monotonic()
+        last = self._denied_warned_at
+        if last is not None and now - last < DENIED_WARN_EVERY_S:
+            log.debug("reconcile %s/%s: %s", *key, exc)
+            return
+        self._denied_warned_at = now
+        log.warning(
+            "%s: %s. Jobs are left as they are and retried every %.0fs; this is expected "
+            "while `helm uninstall` removes the release (its RBAC can go before this pod "
+            "stops), otherwise check the operator's ClusterRole/Role bindings",
+            RIGHTS_WITHDRAWN,
+            exc,
+            self.settings.resync_s,
+        )
 
     # -- one pass -------------------------------------------------------------------
 
@@ -269,5 +301,8 @@ class Reconciler:
     ) -> None:
         try:
             await self.kube.post_event(obj, etype, reason, message, now)
+        except AccessDeniedError as exc:
+            meta = obj.get("metadata") or {}
+            self._rights_refused((meta.get("namespace", ""), meta.get("name", "")), exc)
         except (RetryableError, PermanentError) as exc:  # events are best-effort
             log.warning("could not post event %s: %s", reason, exc)

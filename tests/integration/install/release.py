@@ -23,6 +23,7 @@ import yaml
 from e2e.cluster import Cluster
 from tests.support import wait_for
 from torchflex_contract import env, labels
+from torchflex_operator.reconciler import RIGHTS_WITHDRAWN
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "torchflex"
@@ -41,6 +42,17 @@ NAMESPACED_KINDS = (
 CLUSTER_KINDS = "clusterroles,clusterrolebindings,clusterkopfpeerings"
 
 
+def _warning_or_plain(line: str) -> bool:
+    """A JSON log line at severity warning; plain lines (``logFormat: plain`` prints the
+    message only) carry no level to check."""
+    if not line.startswith("{"):
+        return True
+    try:
+        return str(json.loads(line).get("severity", "")).lower() == "warning"
+    except ValueError:
+        return False
+
+
 class Release:
     def __init__(self, cluster: Cluster, namespace: str) -> None:
         self.cluster = cluster
@@ -51,6 +63,7 @@ class Release:
         self._home = tempfile.TemporaryDirectory(prefix="tf-helm-")
         # Namespaces the test made: a 403 there always counts.
         self.own_namespaces = {namespace}
+        self._marks: dict[Path, int] | None = None
 
     def helm(self, *args: str, values: dict[str, Any] | None = None) -> str:
         extra: list[str] = []
@@ -83,6 +96,8 @@ class Release:
         )
 
     def uninstall(self) -> None:
+        if self._marks is None:
+            self.mark()
         self.helm("uninstall", self.name, "--wait", "--timeout", "120s")
 
     def close(self) -> None:
@@ -130,21 +145,45 @@ class Release:
         )
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def forbidden_lines(self) -> list[str]:
-        """Log lines of a denied call, except creates refused in another test's namespace
-        that is being deleted (the API answers 403 "being terminated" there, not RBAC)."""
+    def mark(self) -> None:
+        """Remember where every log ends now: lines after it belong to the rights-withdrawn
+        window (``uninstall`` calls this before helm starts deleting the RBAC)."""
+        self._marks = {f: f.stat().st_size for f in self.log_files()}
+
+    def _lines(self, before_mark: bool) -> list[str]:
         files = self.log_files()
         assert files, f"no operator log under {self.cluster.layout.pods}"
         lines: list[str] = []
         for f in files:
-            stopping = False
-            for line in f.read_text(errors="replace").splitlines():
-                stopping = stopping or STOPPING in line
-                # helm uninstall deletes the RBAC while the SIGTERMed operator still says
-                # goodbye in the peering object; that last keep-alive may be refused.
-                if FORBIDDEN.search(line) and not (stopping and "kopfpeerings" in line):
-                    lines.append(line)
+            data = f.read_bytes()
+            cut = self._marks.get(f, len(data)) if self._marks is not None else len(data)
+            part = data[:cut] if before_mark else data[cut:]
+            lines += part.decode(errors="replace").splitlines()
+        return lines
+
+    def forbidden_lines(self) -> list[str]:
+        """Log lines of a denied call during the operator's working life (before ``mark``),
+        except creates refused in another test's namespace that is being deleted (the API
+        answers 403 "being terminated" there, not RBAC)."""
+        lines = [line for line in self._lines(before_mark=True) if FORBIDDEN.search(line)]
         return [line for line in lines if not self._in_dying_namespace(line)]
+
+    def withdrawn_window(self) -> tuple[list[str], list[str]]:
+        """After ``mark``: (the operator's rights-withdrawn warnings, every other line of a
+        denied call that is not kopf's last peering keep-alive after it began stopping)."""
+        warnings: list[str] = []
+        other: list[str] = []
+        for f in self.log_files():
+            stopping = False
+            cut = (self._marks or {}).get(f, 0)
+            text = f.read_bytes()[cut:].decode(errors="replace")
+            for line in text.splitlines():
+                stopping = stopping or STOPPING in line
+                if RIGHTS_WITHDRAWN in line:
+                    (warnings if _warning_or_plain(line) else other).append(line)
+                elif FORBIDDEN.search(line) and not (stopping and "kopfpeerings" in line):
+                    other.append(line)
+        return warnings, other
 
     def _in_dying_namespace(self, line: str) -> bool:
         mentioned = set(_NS_REF.findall(line))

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
+from typing import cast
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from tests.unit.operator.factories import NOW, worker
 from torchflex_contract import labels
 from torchflex_operator.cache import NodeCache, OwnedCache
 from torchflex_operator.cli import parser
+from torchflex_operator.errors import (
+    AccessDeniedError,
+    ConflictError,
+    PermanentError,
+    RetryableError,
+)
 from torchflex_operator.expectations import TIMEOUT, Expectations
-from torchflex_operator.reconciler import status_patch
+from torchflex_operator.kube import Kube, _typed
+from torchflex_operator.reconciler import RIGHTS_WITHDRAWN, Reconciler, status_patch
+from torchflex_operator.settings import Settings
 from torchflex_operator.workqueue import WorkQueue
 
 JOB = "ns/demo"
@@ -129,3 +140,49 @@ def test_cli_flags() -> None:
         with pytest.raises(SystemExit) as exc:
             parser().parse_args(bad)
         assert exc.value.code == 2
+
+
+RBAC_DENIAL = (
+    '{"kind":"Status","status":"Failure","message":"elasticjobs.torchflex.io \\"a\\" is '
+    'forbidden: User \\"system:serviceaccount:tf:op\\" cannot get resource \\"elasticjobs\\"'
+    ' in API group \\"torchflex.io\\" in the namespace \\"ns\\"","reason":"Forbidden",'
+    '"code":403}'
+)
+PSA_DENIAL = (
+    '{"kind":"Status","status":"Failure","message":"pods \\"a-worker-0\\" is forbidden: '
+    'violates PodSecurity \\"restricted:latest\\": privileged","reason":"Forbidden",'
+    '"code":403}'
+)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (403, RBAC_DENIAL, AccessDeniedError),
+        (403, PSA_DENIAL, PermanentError),
+        (422, "{}", PermanentError),
+        (409, "{}", ConflictError),
+        (503, "{}", RetryableError),
+    ],
+)
+def test_api_errors_are_typed_by_what_they_mean(
+    status: int, body: str, expected: type[Exception]
+) -> None:
+    exc = ApiException(status=status, reason="x")
+    exc.body = body
+    typed = _typed(exc, "get elasticjob ns/a")
+    assert type(typed) is expected
+    assert f"HTTP {status}" in str(typed)
+
+
+def test_withdrawn_rights_warn_once_not_per_job(caplog: pytest.LogCaptureFixture) -> None:
+    """helm uninstall removes the RBAC before the operator stops: one warning, no errors."""
+    reconciler = Reconciler(cast(Kube, object()), Settings())
+    denied = AccessDeniedError("get elasticjob ns/a: HTTP 403 Forbidden")
+    with caplog.at_level(logging.DEBUG, logger="torchflex_operator.reconciler"):
+        for n in range(5):
+            reconciler._rights_refused(("ns", f"job-{n}"), denied)
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and RIGHTS_WITHDRAWN in warned[0].getMessage()
+    assert warned[0].levelno == logging.WARNING
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 4
