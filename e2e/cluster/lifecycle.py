@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from e2e.cluster import network, pki, processes
+from e2e.cluster import enforcer, network, pki, processes
 from e2e.cluster.controlplane import (
     ClusterStartError,
     Ports,
@@ -144,6 +144,8 @@ def ensure_up(root: Path | None = None, nodes: list[str] | None = None) -> Clust
     _link_tools(lay, bin_dir)
     cluster = Cluster.load(lay)
     cluster.wait_nodes_ready(nodes, START_TIMEOUT_S)
+    if os.environ.get(enforcer.ENV_START_WITH_CLUSTER) == "1":
+        enforcer.start(lay, bin_dir, nodes[0])
     return cluster
 
 
