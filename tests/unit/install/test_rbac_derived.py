@@ -35,6 +35,9 @@ from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 
 Rule = tuple[str, str, str]
+# The operator's own ClusterRole; the chart's user-facing ones (aggregated into
+# edit/view, templates/tenancy.yaml) grant users, not the operator.
+OPERATOR_CLUSTER_ROLE = "tf-torchflex-torchflex-system"
 CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions", "clusterkopfpeerings"}
 _VERBS = {"create": "create", "delete": "delete", "list": "list", "get": "get", "read": "get",
           "patch": "patch", "replace": "update"}  # fmt: skip
@@ -169,7 +172,7 @@ def test_cluster_mode_clusterrole_is_exactly_what_the_code_uses(
 ) -> None:
     docs = render(VALUE_SETS[name])
     assert not find(docs, "Role")
-    granted = rules_of(one(docs, "ClusterRole"))
+    granted = rules_of(one(docs, "ClusterRole", OPERATOR_CLUSTER_ROLE))
     assert granted == required(clusterwide=True, peering=peering, watch_nodes=watch_nodes)
 
 
@@ -184,7 +187,7 @@ def test_namespaced_mode_roles_and_clusterrole_are_exactly_what_the_code_uses(
     assert sorted(r["metadata"]["namespace"] for r in roles) == values["watch"]["namespaces"]
     for role in roles:
         assert rules_of(role) == namespaced
-    assert rules_of(one(docs, "ClusterRole")) == cluster
+    assert rules_of(one(docs, "ClusterRole", OPERATOR_CLUSTER_ROLE)) == cluster
     # Nothing namespaced is granted cluster-wide in this mode.
     assert all(r[1] in CLUSTER_SCOPED for r in cluster)
 
