@@ -65,8 +65,9 @@ def enforced(cluster: Cluster) -> Iterator[None]:
         enforcer.stop(cluster.layout)
 
 
-def _victim(name: str, ckpt_dir: Path, *, policy: bool) -> dict[str, Any]:
-    manifest = TrainingJob(name, ckpt_dir, min_replicas=2, max_replicas=2, steps=300).manifest()
+def _victim(name: str, ckpt_dir: Path, *, policy: bool, steps: int = 600) -> dict[str, Any]:
+    """Two workers; ``steps`` of 0.1 s leave the attacker pod (torch import) ample time."""
+    manifest = TrainingJob(name, ckpt_dir, min_replicas=2, max_replicas=2, steps=steps).manifest()
     if not policy:
         manifest["spec"]["networkPolicy"] = {"enabled": False}
     return manifest
@@ -124,7 +125,8 @@ def test_attack_disturbs_a_job_that_opted_out_of_its_policy(
     follower: LogFollower,
     ckpt_dir: Path,
 ) -> None:
-    apply(cluster, namespace, _victim("open", ckpt_dir, policy=False))
+    # Long enough never to finish by itself: only the attack can end it.
+    apply(cluster, namespace, _victim("open", ckpt_dir, policy=False, steps=6000))
     wait_training(follower, 10, 240, world=2)
     policies = cluster.get_json("networkpolicies", "-n", namespace)["items"]
     assert policies == [], "an opted-out job must get no NetworkPolicy"
