@@ -2,7 +2,9 @@
 
 Where it sits: returned by ``lifecycle.ensure_up`` and by the pytest
 ``cluster`` fixture. It only reads ``cluster.json`` and talks to the API
-server on loopback (through kubectl or the Python client).
+server on loopback (through kubectl or the Python client). The harness
+tests stop and start single daemons (the API server, the kubelet) through
+it, by the PID and command line ``processes`` recorded.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from e2e.cluster import processes
+from e2e.cluster.controlplane import kubelet_env
 from e2e.cluster.layout import (
     KWOK_NODE_ANNOTATION,
     KWOK_TAINT_KEY,
@@ -118,6 +122,24 @@ class Cluster:
 
     def delete_node(self, name: str) -> None:
         self.kubectl("delete", "node", name, "--wait=false")
+
+    def daemon_alive(self, name: str) -> bool:
+        """The daemon recorded as ``name`` still runs (same PID, same command line)."""
+        return processes.alive(self.layout.pids, name)
+
+    def daemon_pid(self, name: str) -> int:
+        return processes.recorded(self.layout.pids, name)[0]
+
+    def stop_daemon(self, name: str, grace_s: float = 10.0) -> list[str]:
+        """SIGTERM (then SIGKILL) one daemon by its recorded PID; returns its
+        command line for :meth:`start_daemon`."""
+        argv = processes.recorded(self.layout.pids, name)[1]
+        processes.stop(self.layout.pids, name, grace_s)
+        return argv
+
+    def start_daemon(self, name: str, argv: list[str]) -> int:
+        """Start a daemon again with the same command line and record it."""
+        return processes.spawn(name, argv, self.layout.pids, self.layout.logs, env=kubelet_env())
 
 
 def _kwok_node(name: str) -> dict[str, Any]:

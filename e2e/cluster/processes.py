@@ -46,6 +46,12 @@ def spawn(
     return proc.pid
 
 
+def recorded(pids: Path, name: str) -> tuple[int, list[str]]:
+    """The PID and command line recorded for ``name`` (``FileNotFoundError`` if none)."""
+    data = json.loads((pids / f"{name}.json").read_text())
+    return int(data["pid"]), [str(a) for a in data["argv"]]
+
+
 def alive(pids: Path, name: str) -> bool:
     record = pids / f"{name}.json"
     if not record.exists():

@@ -3,6 +3,8 @@
 Where it sits: started by ``e2e.cluster.lifecycle`` as ``python -m
 e2e.kubelet``. ``podspec`` (pure: env, volumes, names), ``status`` (pure: pod
 status documents), ``sandbox`` (network namespace + mount namespace +
-process), ``agent`` (the watch/reconcile loop and node heartbeats) and
-``logserver`` (``kubectl logs``) make it up.
+process), ``agent`` (the watch/reconcile loop), ``nodes`` (node heartbeats)
+and ``records`` (what runs where, in ``<pod dir>/runtime.json``) make it up.
+``faults`` freezes pods and cuts their links from those records, for the
+e2e fault scenarios.
 """

@@ -4,6 +4,16 @@ Where it sits: ``python -m e2e.kubelet`` builds a :class:`Kubelet` and calls
 :meth:`Kubelet.run`. Watches feed one event queue; a single thread owns all
 pod runtimes, so there is no locking around them. Node registration and
 heartbeats (Lease + Ready condition) run in their own thread.
+
+The API server may go away at any moment (restarts, outages): every call
+from the loop is bounded by a request timeout, a status that could not be
+reported is sent again every ``STATUS_RETRY_S`` until it lands, and pods
+keep running meanwhile; only an outage longer than ``API_DOWN_EXIT_S``
+stops the kubelet (and its pods). Each pod's sandbox and container PIDs are
+recorded in ``<pod dir>/runtime.json`` (``records``) for the fault helpers.
+A pod that ran under a previous kubelet process (restart) is handled like a
+real kubelet after a node reboot: its containers are gone
+(``ContainerStatusUnknown``, exit 137) and restart per ``restartPolicy``.
 """
 
 from __future__ import annotations
@@ -21,15 +31,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import client, watch
 
 from e2e.cluster import network
 from e2e.cluster.layout import GATEWAY_IP, PROCESS_NODE_IP_PREFIX, PROCESS_NODE_LABEL
-from e2e.kubelet import podspec, sandbox, status, volumes
+from e2e.kubelet import podspec, records, sandbox, status, volumes
 from e2e.kubelet.nodes import NodeHeartbeat
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 API_DOWN_EXIT_S = 120.0
+# One API request from the loop never blocks it longer than this.
+REQUEST_TIMEOUT_S = 5.0
+STATUS_RETRY_S = 1.0
+CREATE_RETRY_S = 1.0
+# What a call raises when the API server cannot be reached at all (refused,
+# reset, timed out: urllib3's MaxRetryError and friends), as opposed to an
+# answer (ApiException): retried, never fatal.
+API_UNREACHABLE: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError,)
+LOST_REASON = "ContainerStatusUnknown"
+LOST_MESSAGE = "The container could not be located when the kubelet restarted"
 
 
 @dataclasses.dataclass
@@ -48,6 +69,7 @@ class PodRuntime:
     generation: dict[str, int] = dataclasses.field(default_factory=dict)
     restart_at: dict[str, float] = dataclasses.field(default_factory=dict)
     kill_at: float | None = None
+    status_retry_at: float | None = None
     terminating: bool = False
     torn_down: bool = False
 
@@ -155,7 +177,10 @@ class Kubelet(volumes.Fetcher):
             seen = {p["metadata"]["uid"]: p for p in payload}
             gone = set(self.pods) - set(seen)
             self.pods = seen
-            for uid in list(gone) + list(seen):
+            # Pods that already have an address first, so that after a
+            # restart each gets its own back before new pods take the lowest.
+            ordered = sorted(seen, key=lambda uid: not seen[uid].get("status", {}).get("podIP"))
+            for uid in list(gone) + ordered:
                 self._sync(uid)
             self.dns_dirty = True
         elif kind == "pod":
@@ -197,6 +222,8 @@ class Kubelet(volumes.Fetcher):
                 if now >= at and not rt.terminating:
                     del rt.restart_at[name]
                     self._start_container(rt, self.pods.get(rt.uid), name)
+            if rt.status_retry_at is not None and now >= rt.status_retry_at:
+                self._patch_status(rt)
         if self.dns_dirty:
             self.dns_dirty = False
             self._write_hosts()
@@ -232,9 +259,17 @@ class Kubelet(volumes.Fetcher):
     def _create(self, pod: dict[str, Any], node: str) -> None:
         meta = pod["metadata"]
         uid = meta["uid"]
-        index = next(i for i in range(2, 65000) if i not in self.used_ips)
-        self.used_ips.add(index)
         containers = pod["spec"].get("containers", [])
+        lost = status.lost_containers(pod, LOST_REASON, LOST_MESSAGE)
+        if lost and pod["spec"].get("restartPolicy", "Always") == "Never":
+            self._report_lost(pod, lost)
+            return
+        # A pod that ran before keeps its address (the API refuses a second
+        # one); a new pod takes the lowest free one.
+        index = network.pod_ip_index(pod.get("status", {}).get("podIP") or "")
+        if index is None or index in self.used_ips:
+            index = next(i for i in range(2, 65000) if i not in self.used_ips)
+        self.used_ips.add(index)
         rt = PodRuntime(
             uid=uid,
             ns=meta.get("namespace", "default"),
@@ -249,12 +284,72 @@ class Kubelet(volumes.Fetcher):
                 c["name"]: status.ContainerRecord(c["name"], c.get("image", "")) for c in containers
             },
         )
+        for name, rec in lost.items():
+            # Restarted below with the next restart count, the lost one as
+            # its last state (what a kubelet does after a node reboot).
+            rt.records[name] = rec
         self.runtimes[uid] = rt
         rt.pod_dir.mkdir(parents=True, exist_ok=True)
+        self._kill_leftovers(rt.pod_dir)
         network.create_pod_netns(uid, rt.ip)
+        try:
+            network.announce(rt.netns, rt.ip)
+        except network.NetworkError as exc:
+            # Peers fall back to ARP timeouts; the pod itself is fine.
+            print(f"[process-kubelet] {exc}", flush=True)
+        self._write_record(rt)
         self._write_hosts()
         for c in containers:
             self._start_container(rt, pod, c["name"])
+
+    def _report_lost(self, pod: dict[str, Any], lost: dict[str, status.ContainerRecord]) -> None:
+        """A restartPolicy Never pod whose containers died with a previous
+        kubelet: reported Failed, never started again."""
+        meta = pod["metadata"]
+        pod_dir = self.state_dir / "pods" / f"{meta.get('namespace')}_{meta['name']}_{meta['uid']}"
+        self._kill_leftovers(pod_dir)
+        network.delete_pod_netns(meta["uid"])
+        old = pod.get("status", {})
+        doc = status.pod_status(
+            list(lost.values()),
+            "Never",
+            host_ip=self.nodes[pod["spec"]["nodeName"]],
+            pod_ip=old.get("podIP"),
+            start_time=old.get("startTime") or status.now_rfc3339(),
+            previous_conditions={c["type"]: c for c in old.get("conditions", [])},
+        )
+        with contextlib.suppress(client.ApiException, *API_UNREACHABLE):
+            self.core.patch_namespaced_pod_status(
+                meta["name"], meta["namespace"], {"status": doc}, _request_timeout=REQUEST_TIMEOUT_S
+            )
+
+    def _kill_leftovers(self, pod_dir: Path) -> None:
+        """Processes a previous kubelet process started for this pod and
+        left running (it was SIGKILLed): killed by their recorded identity."""
+        old = records.read(pod_dir)
+        if old is None:
+            return
+        for proc in old.containers.values():
+            if records.is_alive(proc):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    def _write_record(self, rt: PodRuntime) -> None:
+        containers = {}
+        for name, proc in rt.procs.items():
+            ident = records.proc_of(proc.pid)
+            if ident is not None:
+                containers[name] = ident
+        record = records.PodRecord(
+            uid=rt.uid,
+            namespace=rt.ns,
+            name=rt.name,
+            netns=rt.netns,
+            veth=network.veth_name(rt.uid),
+            ip=rt.ip,
+            containers=containers,
+        )
+        records.write(rt.pod_dir, record)
 
     def _start_container(self, rt: PodRuntime, pod: dict[str, Any] | None, name: str) -> None:
         if pod is None:
@@ -275,6 +370,12 @@ class Kubelet(volumes.Fetcher):
             )
             argv = podspec.container_argv(container, env)
             mounts = volumes.prepare(pod, container, rt.pod_dir, self)
+        except API_UNREACHABLE as exc:
+            # Config maps, secrets or the token could not be fetched now:
+            # try again shortly, as a kubelet does.
+            print(f"[process-kubelet] {rt.ns}/{rt.name} {name}: {exc!r}; retrying", flush=True)
+            rt.restart_at[name] = time.monotonic() + CREATE_RETRY_S
+            return
         except (podspec.UnsupportedSpecError, client.ApiException) as exc:
             rec.waiting_reason = "CreateContainerConfigError"
             rec.waiting_message = str(exc)[:500]
@@ -309,11 +410,12 @@ class Kubelet(volumes.Fetcher):
         if rec.exit_code is not None:
             rec.last_terminated = rec.terminated_state()
             rec.restart_count += 1
-        rec.exit_code = rec.signal = None
+        rec.exit_code = rec.signal = rec.reason = None
         rec.message = ""
         rec.finished_at = None
         rec.started_at = status.now_rfc3339()
         threading.Thread(target=self._wait, args=(rt.uid, name, gen, proc), daemon=True).start()
+        self._write_record(rt)
         self._patch_status(rt)
 
     def _wait(self, uid: str, name: str, gen: int, proc: subprocess.Popen[bytes]) -> None:
@@ -339,6 +441,8 @@ class Kubelet(volumes.Fetcher):
         if restart:
             delay = RESTART_BACKOFF_S[min(rec.restart_count, len(RESTART_BACKOFF_S) - 1)]
             rt.restart_at[name] = time.monotonic() + delay
+        if not rt.torn_down:
+            self._write_record(rt)
         self._patch_status(rt)
         if not rt.procs and not rt.restart_at:
             self._teardown(rt)
@@ -373,13 +477,16 @@ class Kubelet(volumes.Fetcher):
 
     def _finalize_delete_obj(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
-        with contextlib.suppress(client.ApiException):
+        # Unreachable API: the pod object stays; the next list after the
+        # outage shows it terminating again and this runs again.
+        with contextlib.suppress(client.ApiException, *API_UNREACHABLE):
             self.core.delete_namespaced_pod(
                 meta["name"],
                 meta["namespace"],
                 body=client.V1DeleteOptions(
                     grace_period_seconds=0, preconditions=client.V1Preconditions(uid=meta["uid"])
                 ),
+                _request_timeout=REQUEST_TIMEOUT_S,
             )
 
     def _teardown(self, rt: PodRuntime) -> None:
@@ -391,6 +498,10 @@ class Kubelet(volumes.Fetcher):
         self.dns_dirty = True
 
     def _patch_status(self, rt: PodRuntime) -> None:
+        """Report the runtime's current state; if the API server cannot be
+        reached, keep the pods running and send it again from ``_tick``
+        (always the state of that moment, so a late patch is never stale)."""
+        rt.status_retry_at = None
         pod = self.pods.get(rt.uid)
         if pod is None:
             return
@@ -403,8 +514,19 @@ class Kubelet(volumes.Fetcher):
             start_time=rt.start_time,
             previous_conditions=previous,
         )
-        with contextlib.suppress(client.ApiException):
-            self.core.patch_namespaced_pod_status(rt.name, rt.ns, {"status": doc})
+        try:
+            self.core.patch_namespaced_pod_status(
+                rt.name, rt.ns, {"status": doc}, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except API_UNREACHABLE:
+            rt.status_retry_at = time.monotonic() + STATUS_RETRY_S
+        except client.ApiException as exc:
+            # An answer (the pod is gone, a conflict): the watch brings the
+            # truth and the next change patches again.
+            body = str(exc.body)[:300]
+            print(f"[process-kubelet] status of {rt.ns}/{rt.name}: {exc.status} {body}", flush=True)
+        else:
+            self.last_api_ok = time.monotonic()
 
     # --- names -----------------------------------------------------------
     def _write_hosts(self) -> None:

@@ -4,13 +4,17 @@ Where it sits: ``agent.Kubelet.run`` registers every node once and runs
 :meth:`NodeHeartbeat.loop` in a thread: the node Lease is renewed and the
 Ready condition refreshed often enough that the node-lifecycle controller
 never marks a live node NotReady. Nodes carry no kwok annotation, so kwok
-leaves them alone.
+leaves them alone. The Lease is renewed by read-modify-write with the
+resourceVersion just read (the API server refuses an unconditional update
+of a Lease), so a restarted kubelet takes over the Lease its previous
+process left.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import threading
 from typing import Any
 
@@ -21,11 +25,15 @@ from e2e.toolchain.versions import KUBERNETES_VERSION
 LEASE_NS = "kube-node-lease"
 LEASE_SECONDS = 40
 RENEW_EVERY_S = 5.0
+REQUEST_TIMEOUT_S = 5.0
 CAPACITY = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"}
 
 
 def _micro_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    now = dt.datetime.now(dt.UTC)
+    # The client turns a timestamp string into a datetime and back: a zero
+    # microsecond part would lose its digits, which a MicroTime refuses.
+    return now.replace(microsecond=max(now.microsecond, 1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _now() -> str:
@@ -105,23 +113,46 @@ class NodeHeartbeat:
 
     def beat(self, name: str, ip: str) -> None:
         # Existing conditions keep their transition time (strategic merge by type).
-        self.core.patch_node_status(name, {"status": self.node_status(ip, name)})
-        lease = {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {"name": name, "namespace": LEASE_NS},
-            "spec": {
-                "holderIdentity": name,
-                "leaseDurationSeconds": LEASE_SECONDS,
-                "renewTime": _micro_now(),
-            },
+        self.core.patch_node_status(
+            name, {"status": self.node_status(ip, name)}, _request_timeout=REQUEST_TIMEOUT_S
+        )
+        self.renew_lease(name)
+
+    def renew_lease(self, name: str) -> None:
+        spec = {
+            "holderIdentity": name,
+            "leaseDurationSeconds": LEASE_SECONDS,
+            "renewTime": _micro_now(),
         }
         try:
-            self.coord.replace_namespaced_lease(name, LEASE_NS, lease)  # type: ignore[arg-type]
+            raw: Any = self.coord.read_namespaced_lease(
+                name, LEASE_NS, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+            )
         except client.ApiException as exc:
             if exc.status != 404:
                 raise
-            self.coord.create_namespaced_lease(LEASE_NS, lease)  # type: ignore[arg-type]
+            lease = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": name, "namespace": LEASE_NS},
+                "spec": spec,
+            }
+            self.coord.create_namespaced_lease(
+                LEASE_NS,
+                lease,  # type: ignore[arg-type]
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+            return
+        current: dict[str, Any] = json.loads(raw.data)
+        current["spec"] = {**(current.get("spec") or {}), **spec}
+        # Carries metadata.resourceVersion: a concurrent writer gets a 409
+        # and the next beat reads again.
+        self.coord.replace_namespaced_lease(
+            name,
+            LEASE_NS,
+            current,  # type: ignore[arg-type]
+            _request_timeout=REQUEST_TIMEOUT_S,
+        )
 
     def loop(self) -> None:
         while not self.stop.wait(RENEW_EVERY_S):

@@ -29,6 +29,8 @@ class ContainerRecord:
     last_terminated: dict[str, Any] | None = None
     waiting_reason: str = "ContainerCreating"
     waiting_message: str = ""
+    reason: str | None = None
+    """Why it terminated, when not simply ``Completed``/``Error``."""
 
     @property
     def running(self) -> bool:
@@ -38,7 +40,7 @@ class ContainerRecord:
         assert self.exit_code is not None
         state: dict[str, Any] = {
             "exitCode": self.exit_code,
-            "reason": "Completed" if self.exit_code == 0 else "Error",
+            "reason": self.reason or ("Completed" if self.exit_code == 0 else "Error"),
             "startedAt": self.started_at,
             "finishedAt": self.finished_at,
             "containerID": f"process://{self.name}",
@@ -71,6 +73,48 @@ class ContainerRecord:
             "lastState": {"terminated": self.last_terminated} if self.last_terminated else {},
         }
         return out
+
+
+def lost_containers(
+    pod: Mapping[str, Any], reason: str = "ContainerStatusUnknown", message: str = ""
+) -> dict[str, ContainerRecord]:
+    """Records for a pod that ran under a previous kubelet process (empty if it never did).
+
+    A container reported running is gone now: terminated with exit 137 and
+    ``reason`` (a real kubelet's word for it after a node reboot); one that
+    had already terminated keeps what it reported. Restart counts carry on.
+    """
+    statuses = {c.get("name"): c for c in pod.get("status", {}).get("containerStatuses") or []}
+    ran = any(
+        "running" in (c.get("state") or {})
+        or "terminated" in (c.get("state") or {})
+        or c.get("restartCount", 0) > 0
+        for c in statuses.values()
+    )
+    if not ran:
+        return {}
+    now = now_rfc3339()
+    out = {}
+    for container in pod.get("spec", {}).get("containers", []):
+        name = container["name"]
+        seen = statuses.get(name) or {}
+        state = seen.get("state") or {}
+        rec = ContainerRecord(name, container.get("image", ""))
+        rec.restart_count = int(seen.get("restartCount", 0))
+        done = state.get("terminated") or (seen.get("lastState") or {}).get("terminated")
+        if "running" in state or not done:
+            rec.started_at = (state.get("running") or {}).get("startedAt") or now
+            rec.finished_at = now
+            rec.exit_code, rec.reason, rec.message = 137, reason, message
+        else:
+            rec.started_at = done.get("startedAt")
+            rec.finished_at = done.get("finishedAt") or now
+            rec.exit_code = int(done.get("exitCode", 137))
+            rec.signal = done.get("signal")
+            rec.reason = done.get("reason")
+            rec.message = done.get("message", "")
+        out[name] = rec
+    return out
 
 
 def phase(records: list[ContainerRecord], restart_policy: str) -> str:
