@@ -4,9 +4,10 @@ Where it sits: the example the agent's integration tests and the e2e
 scenarios run (``torchflex-agent ... -- python examples/train_elastic.py``);
 it also runs unchanged under plain ``torchrun``. It shows what an elastic
 script needs: init from the env torchrun/torchflex set, resume from the
-latest checkpoint, checkpoint atomically (temp file + rename), and on
-SIGTERM finish the current step, save and exit 0. All ranks stop at the
-same step because the stop flag is all-reduced every step.
+latest checkpoint, checkpoint through ``torchflex_agent.checkpoint`` (atomic,
+never behind the checkpoint on disk, refused once the agent fenced this
+member off), and on SIGTERM finish the current step, save and exit 0. All
+ranks stop at the same step because the stop flag is all-reduced every step.
 
 Prints one line per step: ``step=N loss=X world=W rank=R sps=S``; with
 ``--print-time`` (or ``TRAIN_PRINT_TIME=1``) the line ends with `` t=<unix time>``
@@ -24,7 +25,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -34,7 +34,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
-CKPT_NAME = "latest.pt"
+from torchflex_agent.checkpoint import Checkpointer
 
 
 def parse_args() -> argparse.Namespace:
@@ -58,23 +58,21 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def load_checkpoint(ckpt_dir: str) -> dict[str, Any] | None:
-    path = Path(ckpt_dir) / CKPT_NAME
-    if not ckpt_dir or not path.exists():
-        return None
-    state: dict[str, Any] = torch.load(path, weights_only=True)
+def load_checkpoint(ckpt: Checkpointer | None) -> dict[str, Any] | None:
+    state: dict[str, Any] | None = ckpt.load() if ckpt is not None else None
     return state
 
 
-def save_checkpoint(ckpt_dir: str, step: int, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-    if not ckpt_dir:
+def save_checkpoint(
+    ckpt: Checkpointer | None, step: int, model: nn.Module, opt: torch.optim.Optimizer
+) -> None:
+    if ckpt is None:
         return
-    directory = Path(ckpt_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{CKPT_NAME}.{os.getpid()}.tmp"
-    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
-    os.replace(tmp, directory / CKPT_NAME)  # atomic: readers see the old or the new file
-    print(f"checkpoint step={step}", flush=True)
+    if ckpt.save(step, {"model": model.state_dict(), "opt": opt.state_dict()}):
+        print(f"checkpoint step={step}", flush=True)
+    else:
+        # Worded so log parsers that count "checkpoint step=N" never count it.
+        print(f"save refused at step {step}: fenced or behind the checkpoint on disk", flush=True)
 
 
 @record
@@ -99,7 +97,8 @@ def main() -> int:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     done = 0
-    state = load_checkpoint(args.ckpt_dir)
+    ckpt = Checkpointer(args.ckpt_dir) if args.ckpt_dir else None
+    state = load_checkpoint(ckpt)
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
@@ -128,7 +127,7 @@ def main() -> int:
             print(line + stamp, flush=True)
             stopping = flag.item() > 0
             if rank == 0 and (stopping or done % args.ckpt_every == 0 or done == args.steps):
-                save_checkpoint(args.ckpt_dir, done, model, opt)
+                save_checkpoint(ckpt, done, model, opt)
             if stopping:
                 print(f"stopping at step={done} on SIGTERM", flush=True)
                 break
@@ -136,7 +135,7 @@ def main() -> int:
         # A peer vanished mid-collective. Replicas are identical after every
         # completed step, so rank 0 saves what it has before failing.
         if rank == 0:
-            save_checkpoint(args.ckpt_dir, done, model, opt)
+            save_checkpoint(ckpt, done, model, opt)
         raise
     dist.destroy_process_group()
     return 0

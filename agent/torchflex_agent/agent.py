@@ -41,9 +41,17 @@ from torchflex_agent.errors import (
     RendezvousTimeoutError,
     StoreUnavailableError,
 )
+from torchflex_agent.fence import Lease, lease_duration, reform_grace
 from torchflex_agent.health import write_termination_log
 from torchflex_agent.kvstore import KVStore
-from torchflex_agent.liveness import LivenessSettings, PresenceServer, RoundMonitor, probe_peers
+from torchflex_agent.liveness import (
+    SILENT,
+    LivenessSettings,
+    PresenceServer,
+    RoundMonitor,
+    probe_peers,
+    read_lost,
+)
 from torchflex_agent.prewarm import ForkServer, python_launch
 from torchflex_agent.rdzv_logic import (
     NodeDescriptor,
@@ -68,6 +76,7 @@ from torchflex_agent.workers import (
     set_pdeathsig,
     worker_base_env,
 )
+from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState, RestartReason
 from torchflex_contract.store_keys import (
@@ -131,6 +140,10 @@ class ElasticAgent:
             config.min_nodes, config.max_nodes, config.last_call, config.join_timeout
         )
         self._liveness = LivenessSettings(config.heartbeat_interval, config.liveness_timeout)
+        self._lease = Lease(
+            self._error_dir / "lease",
+            lease_duration(config.heartbeat_interval, config.liveness_timeout),
+        )
         self._presence: PresenceServer | None = None
         self._fork: ForkServer | None = None
         self._restarts_seen = 0
@@ -243,6 +256,7 @@ class ElasticAgent:
             watch,
             self._prev_rank,
             agent_store,
+            self._environ.get(tfenv.POD_NAME, ""),
         )
 
     def _close_master_store(self) -> None:
@@ -278,6 +292,7 @@ class ElasticAgent:
                 return ExitCode.PREEMPTED
             except StoreUnavailableError as exc:
                 log.warning("store lost during rendezvous: %s; reconnecting", exc)
+                self._update(store_error=str(exc))
                 store = self._open_store("reconnect")
                 rdzv = Rendezvous(store, self.config.run_id, rdzv.node, self._settings)
                 self._update(last_restart_reason=RestartReason.STORE_LOST)
@@ -306,6 +321,7 @@ class ElasticAgent:
                 restarts,
             )
             self._prev_rank = result.node_rank
+            self._update(store_error="")  # a round closed through the store: it answers
             if result.node_rank != 0:
                 self._close_master_store()  # only node rank 0's is used
             self._update(
@@ -319,6 +335,7 @@ class ElasticAgent:
                 reason = self._run_round(rdzv, result, restarts)
             except StoreUnavailableError as exc:
                 log.warning("store lost while running: %s; reconnecting", exc)
+                self._update(store_error=str(exc))
                 reason = RestartReason.STORE_LOST
             waiting = 0
             if reason is RestartReason.STORE_LOST:
@@ -344,13 +361,14 @@ class ElasticAgent:
         self, rdzv: Rendezvous, result: RendezvousResult, restarts: int
     ) -> RestartReason:
         """Run workers until the round ends; returns why (or raises ``_AgentExitError``)."""
-        monitor = RoundMonitor(rdzv, result, self._liveness, self._wake)
-        monitor.start()
+        monitor = RoundMonitor(rdzv, result, self._liveness, self._wake, lease=self._lease)
+        monitor.start()  # grants this round's lease before any worker starts
         ctx = LaunchContext(
             self.config.run_id, restarts, self.config.max_restarts, self._nproc, self._error_dir
         )
         self._ensure_fork_server()
-        group = WorkerGroup(self.config.command, result, ctx, self._environ, self._fork)
+        env = {**self._environ, **self._lease.worker_env(result.round)}
+        group = WorkerGroup(self.config.command, result, ctx, env, self._fork)
         try:
             group.start()
             log.info(
@@ -373,8 +391,15 @@ class ElasticAgent:
         while True:
             self._wake.wait(self.config.monitor_interval)
             self._wake.clear()
+            if self._lease.expired():
+                # First, before anything else this wake-up: after a freeze the
+                # workers run again right now, and only a SIGKILL stops them mid-write.
+                return self._fence(rdzv, result, group, "its heartbeat lease ran out")
             event = monitor.event
             stale = event.reason if event is not None else None
+            if event is not None and stale is RestartReason.STORE_LOST:
+                log.warning("round %d: store lost: %s", result.round, event.detail)
+                self._update(store_error=event.detail)
             state, failures = group.poll()
             if state is GroupState.SUCCEEDED and stale is None:
                 # The stale watcher may lag the workers by a round trip; a
@@ -393,14 +418,55 @@ class ElasticAgent:
                 raise _AgentExitError(ExitCode.SUCCESS)
             if action is Action.REFORM:
                 assert stale is not None
-                grace = (
-                    _STORE_LOST_STOP_GRACE_S
-                    if stale is RestartReason.STORE_LOST
-                    else self.config.stop_grace
+                silent = False
+                if stale is RestartReason.MEMBER_LOST:
+                    lost = read_lost(rdzv.store, rdzv.keys, result.round)
+                    self._report_lost(result, lost)
+                    if any(rank == result.node_rank for rank, _how in lost):
+                        return self._fence(rdzv, result, group, "the group declared it lost")
+                    silent = any(how == SILENT for _rank, how in lost)
+                grace = reform_grace(
+                    self.config.stop_grace,
+                    _STORE_LOST_STOP_GRACE_S,
+                    store_lost=stale is RestartReason.STORE_LOST,
+                    silent=silent,
                 )
                 group.stop(grace)
                 return stale
             return self._on_failure(rdzv, result, group, failures[0].describe())
+
+    def _fence(
+        self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, why: str
+    ) -> RestartReason:
+        """This member cannot prove it is one: SIGKILL its workers now, then re-form.
+
+        No grace: peers may already have re-formed without us, and a worker
+        that checkpoints now would write over the live group's state.
+        """
+        self._lease.revoke()
+        group.signal(signal.SIGKILL)
+        log.warning(
+            "round %d: fenced: node rank %d %s; workers killed",
+            result.round,
+            result.node_rank,
+            why,
+        )
+        group.stop(0.0)
+        rdzv.mark_stale(
+            result.round, RestartReason.MEMBER_LOST, f"node rank {result.node_rank} fenced: {why}"
+        )  # a store error here is the StoreLost path
+        return RestartReason.MEMBER_LOST
+
+    def _report_lost(self, result: RendezvousResult, lost: tuple[tuple[int, str], ...]) -> None:
+        """Name the pods of members this round declared lost (read by the operator)."""
+        pods = tuple(
+            result.nodes[rank].pod
+            for rank, _how in lost
+            if 0 <= rank < result.num_nodes and result.nodes[rank].pod
+        )
+        if pods:
+            log.warning("round %d: lost member pod(s): %s", result.round, ", ".join(pods))
+            self._update(lost_pods=pods, lost_round=result.round)
 
     def _on_failure(
         self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, message: str
@@ -433,6 +499,8 @@ class ElasticAgent:
                     raise _AgentExitError(ExitCode.USER_ERROR, text)
                 rdzv.mark_stale(result.round, RestartReason.WORKER_FAILED, message)
         log.info("round %d: worker failure judged %s", result.round, verdict.value)
+        if mark is not None and mark.reason is RestartReason.MEMBER_LOST:
+            self._report_lost(result, read_lost(rdzv.store, rdzv.keys, result.round))
         group.stop(self.config.stop_grace)
         if verdict is FailureVerdict.COLLATERAL and mark is not None:
             return mark.reason

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,7 +51,7 @@ class HealthServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would drown the training log
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server = _QuietServer((host, port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True, name="http")
 
@@ -64,6 +65,22 @@ class HealthServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """Drops a client that went away without a traceback.
+
+    A probe that timed out while this process was paused (SIGSTOP, a busy
+    node) has closed its socket by the time the reply is written; that is
+    the prober's business, not an error of the agent's.
+    """
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):  # BrokenPipe, ConnectionReset, ...
+            log.debug("health client %s went away: %s", client_address, exc)
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 def termination_log_path(environ: Mapping[str, str]) -> Path | None:

@@ -19,25 +19,45 @@ its own store connection (a blocked TCPStore client would stall the other):
   node that vanishes without closing anything (power loss, partition).
 
 They report through ``RoundEvent``; store errors report ``StoreLost``.
+
+The heartbeat thread also renews this member's ``fence.Lease`` after each
+round trip (increment, then read ``stale``) that shows nobody declared this
+member lost; once the round is stale it stops judging its successor (the
+round is over: a peer that stopped heartbeating has simply moved on).
+A detector records whom it declared lost, and how (``silent``: heartbeat
+timeout; ``exited``: presence link closed), in the round's ``lost`` key
+before it marks the round stale, so every member can name the lost pods
+(``AgentReport.lost_pods``) and a member named there knows to fence itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import selectors
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 from torchflex_agent.errors import RendezvousError, StoreUnavailableError
+from torchflex_agent.fence import Lease
 from torchflex_agent.kvstore import KVStore
 from torchflex_agent.rdzv_logic import ProgressTracker, RendezvousResult, StaleMark
 from torchflex_agent.rendezvous import Rendezvous
 from torchflex_contract.progress import RestartReason
-from torchflex_contract.store_keys import FINISHED, HEARTBEAT, STALE, round_key
+from torchflex_contract.store_keys import (
+    FINISHED,
+    HEARTBEAT,
+    INCARNATION,
+    LOST,
+    STALE,
+    Keys,
+    round_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +65,58 @@ _STALE_WAIT_SLICE = 1.0
 _PRESENCE_CONNECT_TIMEOUT = 2.0
 _PRESENCE_POLL = 0.5
 _STOP_JOIN = 0.3
+_LOST_CAS_ATTEMPTS = 16
+
+SILENT = "silent"
+"""Lost by heartbeat timeout: frozen, partitioned, powered off."""
+EXITED = "exited"
+"""Lost by its presence link closing: the agent's process is gone."""
+
+
+def decode_lost(raw: bytes | None) -> tuple[tuple[int, str], ...]:
+    """The round's ``lost`` key as ((rank, how), ...); malformed entries are skipped."""
+    if not raw:
+        return ()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return ()
+    out = []
+    for item in data if isinstance(data, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("rank"), int):
+            out.append((int(item["rank"]), str(item.get("how", ""))))
+    return tuple(out)
+
+
+def encode_lost(entries: tuple[tuple[int, str], ...]) -> bytes:
+    return json.dumps([{"rank": r, "how": how} for r, how in entries]).encode()
+
+
+def record_lost(store: KVStore, keys: Keys, round_no: int, rank: int, how: str) -> None:
+    """Add ``rank`` to the round's lost list (compare-and-set, bounded retries)."""
+    key = round_key(keys, round_no, LOST)
+    raw = store.get(key)
+    for _ in range(_LOST_CAS_ATTEMPTS):
+        entries = decode_lost(raw)
+        if any(r == rank for r, _how in entries):
+            return
+        desired = encode_lost((*entries, (rank, how)))
+        now = store.compare_set(key, raw, desired)
+        if now == desired:
+            return
+        raw = now
+    log.warning("round %d: could not record node rank %d as lost (contention)", round_no, rank)
+
+
+def read_lost(store: KVStore, keys: Keys, round_no: int) -> tuple[tuple[int, str], ...]:
+    return decode_lost(store.get(round_key(keys, round_no, LOST)))
+
+
+def store_incarnation(store: KVStore, keys: Keys) -> str:
+    """The store's incarnation id (written by the first agent to ask; see store_keys)."""
+    mine = uuid.uuid4().hex[:12].encode()
+    value = store.compare_set(keys.key(INCARNATION), None, mine)
+    return (value or mine).decode(errors="replace")
 
 
 class PresenceServer:
@@ -118,13 +190,16 @@ class RoundMonitor:
         result: RendezvousResult,
         settings: LivenessSettings,
         wake: threading.Event,
+        *,
         clock: Callable[[], float] = time.monotonic,
+        lease: Lease | None = None,
     ) -> None:
         self._rdzv = rdzv
         self._result = result
         self._settings = settings
         self._wake = wake
         self._clock = clock
+        self._lease = lease
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._event: RoundEvent | None = None
@@ -145,6 +220,10 @@ class RoundMonitor:
     def start(self) -> None:
         # Connections are opened here, on the caller's thread, so a dead
         # store surfaces as an exception to the agent loop, not a silent thread.
+        if self._lease is not None:
+            since = self._clock()
+            incarnation = store_incarnation(self._rdzv.store, self._rdzv.keys)
+            self._lease.grant(self._result.round, incarnation, since)
         hb_store = self._rdzv.store.clone()
         stale_store = self._rdzv.store.clone()
         self._threads = [
@@ -187,29 +266,43 @@ class RoundMonitor:
         me = self._result.node_rank
         succ = self._result.successor
         tracker = ProgressTracker(self._settings.timeout)
+        stale = False
         try:
             while not self._stop.is_set():
+                since = self._clock()
                 store.add(self._key(HEARTBEAT, me), 1)
-                if succ is not None:
+                stale = stale or store.get(self._key(STALE)) is not None
+                declared = stale and me in {
+                    r for r, _ in read_lost(store, self._rdzv.keys, self._result.round)
+                }
+                if self._lease is not None and not declared:
+                    # Not declared lost: our workers may go on (and checkpoint
+                    # while they stop, when the round ended for another reason).
+                    self._lease.renew(since)
+                if succ is not None and not stale:
                     raw = store.get(self._key(HEARTBEAT, succ))
                     value = int(raw) if raw is not None else None
                     if tracker.observe(value, self._clock()) and (
                         store.get(self._key(FINISHED, succ)) is None
                     ):
-                        self._mark_lost(store, succ, f"node rank {succ} stopped heartbeating")
-                        return  # the stale thread reports whichever mark won
+                        self._mark_lost(
+                            store, succ, f"node rank {succ} stopped heartbeating", SILENT
+                        )
                 self._stop.wait(self._settings.heartbeat_interval)
         except StoreUnavailableError as exc:
             self._report(RoundEvent(RestartReason.STORE_LOST, str(exc)))
         finally:
             store.close()
 
-    def _mark_lost(self, store: KVStore, succ: int, detail: str) -> None:
+    def _mark_lost(self, store: KVStore, succ: int, detail: str, how: str) -> None:
         if store.get(self._key(FINISHED, succ)) is not None:
             return  # it finished and exited: not a loss
-        log.warning("round %d: %s", self._result.round, detail)
-        mark = StaleMark(RestartReason.MEMBER_LOST, self._rdzv.node.node_id, detail)
-        store.compare_set(self._key(STALE), None, mark.encode())
+        if store.get(self._key(STALE)) is not None:
+            return  # the round is over already: the peer may just have moved on
+        record_lost(store, self._rdzv.keys, self._result.round, succ, how)
+        mark = StaleMark(RestartReason.MEMBER_LOST, self._rdzv.node.node_id, detail).encode()
+        if store.compare_set(self._key(STALE), None, mark) == mark:
+            log.warning("round %d: %s", self._result.round, detail)
 
     def _watch_presence(self, store: KVStore) -> None:
         succ = self._result.successor
@@ -240,7 +333,10 @@ class RoundMonitor:
                 if not data:
                     if not self._stop.is_set():
                         self._mark_lost(
-                            store, succ, f"node rank {succ}'s agent exited (presence link closed)"
+                            store,
+                            succ,
+                            f"node rank {succ}'s agent exited (presence link closed)",
+                            EXITED,
                         )
                     return
         except StoreUnavailableError as exc:
@@ -296,6 +392,8 @@ def probe_peers(
         if after[i] == before[i] and (
             store.get(round_key(rdzv.keys, result.round, FINISHED, i)) is None
         ):
+            if rdzv.stale_mark(result.round) is None:
+                record_lost(store, rdzv.keys, result.round, i, SILENT)
             return rdzv.mark_stale(
                 result.round,
                 RestartReason.MEMBER_LOST,

@@ -57,6 +57,10 @@ class NodeDescriptor:
     ``TORCHELASTIC_USE_AGENT_STORE=True`` and all connect as clients to a
     store that is listening before any of them starts; otherwise worker
     rank 0 binds it and early peers back off and retry (0.2-0.7 s)."""
+    pod: str = ""
+    """The member's pod (``metadata.name``; env ``TORCHFLEX_POD_NAME``), so peers can
+    name a lost member's pod in their reports; empty outside Kubernetes or in
+    descriptors of agents that predate it."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -72,6 +76,7 @@ class NodeDescriptor:
                 int(raw.get("watch_port", 0)),
                 int(raw.get("prev_rank", -1)),
                 bool(raw.get("agent_store", False)),
+                str(raw.get("pod", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StoreProtocolError(f"malformed node descriptor {raw!r}: {exc}") from exc

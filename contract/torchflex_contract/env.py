@@ -58,6 +58,13 @@ STOP_GRACE: Final = "TORCHFLEX_STOP_GRACE"
 PREWARM: Final = "TORCHFLEX_PREWARM"
 """``auto`` (default): fork Python workers from a warm fork server; ``off``: plain spawn."""
 
+# Set by the agent in every worker's env (not by the operator):
+FENCE_FILE: Final = "TORCHFLEX_FENCE_FILE"
+"""Path of the agent's lease file (``torchflex_agent.fence``): the worker's round is
+current while the file names that round and its CLOCK_MONOTONIC deadline is ahead."""
+ROUND: Final = "TORCHFLEX_ROUND"
+"""The rendezvous round the worker was started for (decimal)."""
+
 DEFAULT_HEARTBEAT_INTERVAL_S: Final = 0.2
 DEFAULT_LIVENESS_TIMEOUT_S: Final = 1.5
 DEFAULT_STOP_GRACE_S: Final = 3.0

@@ -42,6 +42,10 @@ JOB_CLOSED: Final = "rdzv/job-closed"
 """JSON ``{"outcome": "succeeded"|"failed", "message": ...}``: no new rounds."""
 RESTARTS: Final = "restarts"
 """Decimal counter of worker-failure restarts of the whole job (not per agent)."""
+INCARNATION: Final = "incarnation"
+"""Random id written once per store lifetime (``compare_set`` from absent): a restarted
+c10d store starts round numbering again at 0 under a new id, so checkpoints only
+compare round numbers of the same incarnation."""
 
 # Per-round keys live under ``rdzv/round/<r>/``:
 ROUND: Final = "rdzv/round"
@@ -59,6 +63,9 @@ HEARTBEAT: Final = "hb"
 """``hb/<node_rank>``: liveness counter a member increments while running."""
 FINISHED: Final = "finished"
 """``finished/<node_rank>``: the member's workers succeeded; not a lost member."""
+LOST: Final = "lost"
+"""JSON list of ``{"rank", "how"}`` (how: ``silent`` or ``exited``): members this round
+declared lost, written by their detectors before they mark the round stale."""
 FAILURE_COUNTED: Final = "failure-counted"
 """Set by the one agent that counted this round's worker failure as a restart."""
 FAILURE: Final = "failure"

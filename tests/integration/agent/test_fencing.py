@@ -1,0 +1,256 @@
+"""Silent faults with real agents, real torch workers and real signals (issue 11).
+
+A frozen member (SIGSTOP of its agent and every process below it) must
+never write a checkpoint after the survivors re-formed, and its workers
+must be dead once it wakes; a frozen c10d store must be noticed within
+the per-operation deadline, reported in ``/status``, and training must
+resume once it wakes; a rank 0 that saves its final model after the
+others exited 0 must be supervised to the end. Network: 127.0.0.1 only;
+every process is started here and stopped by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.agent.test_agent_processes import Job, node_rank, pid_alive, steps_of
+from tests.integration.agent.tfagent_helpers import (
+    AGENT_BIN,
+    PYTHON,
+    LineLog,
+    child_env,
+    free_port,
+)
+from torchflex_agent.checkpoint import CheckpointMeta
+from torchflex_contract.exit_codes import ExitCode
+from torchflex_contract.progress import AgentReport
+
+FINAL_SAVE = str(Path(__file__).with_name("final_save.py"))
+CKPT_LINE = re.compile(r"^\[rank (\d+)\] checkpoint step=(\d+)")
+
+
+class FenceJob(Job):
+    """``Job`` whose agents have a pod name and a health port (``/status``)."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.health: list[int] = []
+        self.frozen: list[int] = []
+        """Processes this test stopped with SIGSTOP: woken before teardown stops them."""
+
+    def start_agent(
+        self, script_args: list[str], nnodes: str, extra: list[str] | None = None
+    ) -> LineLog:
+        i = len(self.agents)
+        port = free_port()
+        cmd = [
+            AGENT_BIN, "--nnodes", nnodes, "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+            "--rdzv-id", self.run_id, "--rdzv-last-call", "0.5", "--rdzv-join-timeout", "60",
+            "--health-port", str(port), "--health-host", "127.0.0.1",
+            "--node-addr", "127.0.0.1", "--termination-grace", "15", *(extra or []),
+            "--", *script_args,
+        ]  # fmt: skip
+        env = child_env(
+            {
+                "TORCHFLEX_TERMINATION_LOG": str(self.tmp / f"termination-{i}.log"),
+                "TORCHFLEX_POD_NAME": f"pod-{i}",
+                "FINAL_PATH": str(self.tmp / "final-model"),
+            }
+        )
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        log = LineLog(proc, f"agent{i}")
+        self.agents.append(log)
+        self.health.append(port)
+        return log
+
+    def status(self, i: int) -> AgentReport:
+        url = f"http://127.0.0.1:{self.health[i]}/status"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return AgentReport.from_json(resp.read().decode())
+
+    def ckpt_meta(self) -> CheckpointMeta:
+        return CheckpointMeta.from_json((self.ckpt / "latest.pt.meta").read_text())
+
+
+@pytest.fixture()
+def fjob(tmp_path: Path) -> Iterator[FenceJob]:
+    j = FenceJob(tmp_path)
+    try:
+        yield j
+    finally:
+        for pid in j.frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        j.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``pred`` (bounded); returns the monotonic time it held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return time.monotonic()
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def ckpt_lines(log: LineLog, after: float) -> list[int]:
+    return [int(m.group(2)) for t, m in log.matching(CKPT_LINE.pattern) if t >= after]
+
+
+@pytest.mark.timeout(240)
+def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
+    fjob.start_store()
+    logs = [fjob.start_agent(fjob.train_args(steps=3000), "2:3") for _ in range(3)]
+    for log in logs:
+        log.wait_for(lambda s: bool(re.search(r"step=8 .*world=3 ", s)), 120)
+    # Freeze node rank 0: its worker is global rank 0, the one that saves.
+    victim = next(log for log in logs if node_rank(log) == 0)
+    survivors = [log for log in logs if log is not victim]
+    victim_workers = [
+        int(p)
+        for p in re.findall(r"\d+", victim.wait_for(lambda s: "pids" in s, 5)[1].split("pids")[1])
+    ]
+    fjob.frozen = descendants(victim.proc.pid)
+    signal_all(fjob.frozen, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    frozen_step = max(step for _, step, _ in steps_of(victim))
+    # The survivors re-form at world size 2 and checkpoint beyond the frozen step.
+    for log in survivors:
+        log.wait_for(lambda s: bool(re.search(r"step=\d+ .*world=2 ", s)), 60, after=frozen_at)
+    detected, _ = survivors[0].wait_for(lambda s: "re-forming" in s, 5, after=frozen_at)
+    wait_until(
+        lambda: any(s > frozen_step for log in survivors for s in ckpt_lines(log, frozen_at)),
+        60,
+        "a survivor checkpoint past the frozen step",
+    )
+    statuses = [fjob.status(logs.index(log)) for log in survivors]
+    assert any(st.lost_pods == (f"pod-{logs.index(victim)}",) for st in statuses), statuses
+    assert all("stopped heartbeating" not in log.text() or "node rank 0" in log.text()
+               for log in survivors)  # fmt: skip
+    before_wake = fjob.ckpt_meta()
+    woke_at = time.monotonic()
+    signal_all(fjob.frozen, signal.SIGCONT)
+    fjob.frozen = []
+    victim.wait_for(lambda s: "fenced" in s, 30, after=woke_at)
+    for pid in victim_workers:
+        assert not pid_alive(pid, wait=10.0), f"frozen member's worker {pid} still alive"
+    # Let the woken member rejoin and the group train on; nothing it wrote may
+    # have gone behind what the live group had written.
+    for log in logs:
+        log.wait_for(lambda s: bool(re.search(r"step=\d+ .*world=3 ", s)), 90, after=woke_at)
+    after = fjob.ckpt_meta()
+    assert (after.round, after.step) >= (before_wake.round, before_wake.step), (before_wake, after)
+    woken_saves = [
+        t for t, m in victim.matching(CKPT_LINE.pattern)
+        if woke_at <= t and int(m.group(2)) <= before_wake.step
+    ]  # fmt: skip
+    assert not woken_saves, "the woken member wrote a checkpoint behind the live group"
+    woken = [
+        line for t, line in victim.lines if t >= woke_at and re.search(r"fenced|refused", line)
+    ]
+    print(
+        f"\nFROZEN woken member: {woken[:4]}"
+        f"\nFROZEN detected_s={detected - frozen_at:.2f} frozen_step={frozen_step} "
+        f"ckpt_before_wake={before_wake} ckpt_after={after}"
+    )
+    for log in logs:
+        log.proc.send_signal(signal.SIGTERM)
+    for log in logs:
+        assert log.proc.wait(60) == ExitCode.PREEMPTED
+
+
+@pytest.mark.timeout(240)
+def test_frozen_store_detected_reported_and_training_resumes(fjob: FenceJob) -> None:
+    fjob.start_store()
+    logs = [fjob.start_agent(fjob.train_args(steps=3000), "2:2") for _ in range(2)]
+    for log in logs:
+        log.wait_for(lambda s: "step=6 " in s, 120)
+    assert fjob.store is not None
+    fjob.frozen = [fjob.store.pid]
+    os.kill(fjob.store.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    seen = wait_until(
+        lambda: all(fjob.status(i).store_error for i in range(2)), 30, "store_error in /status"
+    )
+    report = fjob.status(0)
+    assert "silent" in report.store_error or "store" in report.store_error, report
+    for log in logs:
+        log.wait_for(lambda s: "store lost" in s, 5, after=frozen_at)
+    woke_at = time.monotonic()
+    os.kill(fjob.store.pid, signal.SIGCONT)
+    fjob.frozen = []
+    # Training resumes as after a dead store: a new round, steps again.
+    for log in logs:
+        log.wait_for(lambda s: "StoreLost; re-forming" in s, 60, after=frozen_at)
+        log.wait_for(lambda s: bool(re.search(r"step=\d+ .*world=2 ", s)), 90, after=woke_at)
+    wait_until(
+        lambda: not any(fjob.status(i).store_error for i in range(2)), 30, "store_error cleared"
+    )
+    print(f"\nSTORE_FROZEN detected_s={seen - frozen_at:.2f} (op deadline 2 s)")
+    for log in logs:
+        log.proc.send_signal(signal.SIGTERM)
+    for log in logs:
+        assert log.proc.wait(60) == ExitCode.PREEMPTED
+
+
+@pytest.mark.timeout(180)
+def test_rank0_saving_after_others_exit_is_supervised_to_the_end(fjob: FenceJob) -> None:
+    fjob.start_store()
+    logs = [fjob.start_agent([PYTHON, FINAL_SAVE], "3:3") for _ in range(3)]
+    codes = [log.proc.wait(150) for log in logs]
+    final = fjob.tmp / "final-model"
+    assert codes == [ExitCode.SUCCESS] * 3, [log.text()[-2000:] for log in logs]
+    assert final.read_text() == "model\n"
+    rank0 = next(log for log in logs if "final model saved" in log.text())
+    others = [log for log in logs if log is not rank0]
+    saved_at, _ = rank0.wait_for(lambda s: "final model saved" in s, 1)
+    # The others were done seconds before rank 0 saved; nobody called them lost.
+    for log in others:
+        done_at, _ = log.wait_for(lambda s: "done, exiting 0" in s, 1)
+        assert done_at < saved_at
+    for log in logs:
+        assert "MemberLost" not in log.text(), log.text()[-2000:]
+        assert "stopped heartbeating" not in log.text()
+    reports = [fjob.termination_report(i) for i in range(3)]
+    assert all(r.state.value == "Succeeded" for r in reports), reports
+    assert json.loads((fjob.tmp / "termination-0.log").read_text())["lost_pods"] == []
