@@ -28,9 +28,10 @@ from torchflex_operator.reconciler import RIGHTS_WITHDRAWN
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "torchflex"
 INSTANCE = "app.kubernetes.io/instance"
-# What a forbidden call looks like in kopf's and the client's logs: a 403 status (not
-# digits inside a timestamp or a number), the reason, or kopf's fallback warnings.
-FORBIDDEN = re.compile(r"(?<![.\d])403(?!\d)|[Ff]orbidden|Not enough permissions")
+# What a forbidden call looks like in kopf's and the client's logs: a 403 status as a word
+# of its own (not digits inside a timestamp, a number, or a UID such as "...-6486025db403":
+# that false match made the HA install test flaky), the reason, or kopf's fallback warnings.
+FORBIDDEN = re.compile(r"(?<![\w.])403(?!\w)|[Ff]orbidden|Not enough permissions")
 STOPPING = "Operator is stopping"
 # "<namespace>/<name>" as the operator's messages write an object.
 _NS_REF = re.compile(r"(?<=\s)([a-z0-9][-a-z0-9]{0,62})/[a-z0-9]")
