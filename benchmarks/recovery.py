@@ -18,6 +18,13 @@ in one run. Each repetition:
 4. scale-up join: start a new node; join = from its launcher's start to the
    first completed step at world 3 on every node.
 
+``--fault freeze`` instead SIGSTOPs the node's processes (a node that
+freezes or drops off the network without closing its sockets): no socket
+closes, so torchflex detects it by heartbeat timeout and kills the
+survivors' stuck workers without a stop grace (target: liveness timeout +
+0.5 s), while torchrun's survivors sit in the collective until its timeout;
+their wait is capped (``--freeze-cap``) and reported as more than the cap.
+
 Writes its section of ``benchmarks/RESULTS.md`` (not with ``--quick``);
 ``--json`` prints one JSON object.
 """
@@ -48,6 +55,8 @@ _RECOVER_TIMEOUT = {"torchflex": 60.0, "torchrun-tuned": 90.0, "torchrun-default
 # "Rendezvous'ing worker group" while the group trains on); don't wait long.
 _JOIN_TIMEOUT = {"torchflex": 60.0, "torchrun-tuned": 30.0, "torchrun-default": 90.0}
 _WARM_STEPS = 5
+_FREEZE_CAP_S = 90.0
+_FAULTS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP}
 
 
 @dataclasses.dataclass
@@ -68,7 +77,10 @@ def _trace(job: ProcJob, t0: float, until: float) -> list[str]:
     return sorted(out)
 
 
-def run_trial(flavor: Flavor, workdir: Path, join: bool, trace: bool) -> Trial:
+def run_trial(
+    flavor: Flavor, workdir: Path, join: bool, trace: bool, *, fault: str = "kill",
+    freeze_cap: float = _FREEZE_CAP_S,
+) -> Trial:  # fmt: skip
     trial = Trial(flavor.name)
     job = ProcJob(flavor, workdir)
     try:
@@ -77,8 +89,8 @@ def run_trial(flavor: Flavor, workdir: Path, join: bool, trace: bool) -> Trial:
             return trial
         victim, survivors = job.victim()
         killed_at = time.time()
-        signal_tree(victim.proc.pid, signal.SIGKILL)
-        timeout = _RECOVER_TIMEOUT[flavor.name]
+        signal_tree(victim.proc.pid, _FAULTS[fault])  # a frozen tree is SIGKILLed by close()
+        timeout = _RECOVER_TIMEOUT[flavor.name] if fault == "kill" else freeze_cap
         job.wait_training(survivors, 2, killed_at, 1, timeout)
         trial.recovery_s = recovery_seconds([n.steps() for n in survivors], killed_at, 2)
         if trace:
@@ -136,6 +148,36 @@ def summary(trials: list[Trial]) -> dict[str, Any]:
         other = out[f"torchrun_{ref}_s"]
         out[f"speedup_vs_{ref}"] = (other / tf) if tf and other else None
     return out
+
+
+def markdown_freeze(trials: list[Trial], result: dict[str, Any], cap: float) -> str:
+    rows = []
+    for flavor in FLAVORS:
+        mine = [t for t in trials if t.flavor == flavor]
+        if not mine:
+            continue
+        rec = [t.recovery_s for t in mine if t.recovery_s is not None]
+        capped = len(mine) - len(rec)
+        shown = _fmt(rec) if rec else f"> {cap:.0f} s (cap)"
+        rows.append([flavor, shown, f"{capped} / {len(mine)}"])
+    table = markdown_table(
+        ["launcher", "recovery after SIGSTOP (freeze → all survivors step)",
+         "runs not recovered within the cap"],
+        rows,
+    )  # fmt: skip
+    return f"""{table}
+
+Same job as the SIGKILL benchmark above, but the node is *frozen*: SIGSTOP of its
+launcher and every process it spawned, left frozen (as a hung node or a cut network
+would be), so no socket closes. torchflex: the frozen member's ring predecessor sees
+its heartbeat counter stall for `--liveness-timeout` (1.5 s) on its own clock, marks
+the round stale (MemberLost, recorded as *silent*), and every survivor SIGKILLs its
+workers at once -- they are blocked in a gloo collective with the frozen peer and
+could never reach a checkpoint, so no `--stop-grace` is spent -- then re-forms at the
+expected size and forks new workers. Target: liveness timeout + 0.5 s = 2.0 s.
+torchrun's survivors stay in the collective until gloo's timeout (the example's
+`init_process_group` timeout, 60 s) fails them; the wait here is capped at
+{cap:.0f} s and a run that hits the cap is reported as "> cap"."""
 
 
 def markdown(trials: list[Trial], result: dict[str, Any]) -> str:
@@ -210,7 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-join", action="store_true", help="skip the scale-up join")
     p.add_argument("--trace", action="store_true", help="print log lines around each event")
     p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
+    p.add_argument("--fault", choices=sorted(_FAULTS), default="kill",
+                   help="kill: SIGKILL the node (default); freeze: SIGSTOP it")  # fmt: skip
+    p.add_argument("--freeze-cap", type=float, default=_FREEZE_CAP_S,
+                   help="with --fault freeze: longest wait for a recovery (s)")  # fmt: skip
     args = p.parse_args(argv)
+    freeze = args.fault == "freeze"
     flavors = [f for f in args.flavors.split(",") if f]
     for f in flavors:
         if f not in FLAVORS:
@@ -221,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             reps = 1 if args.quick else (args.reps or (3 if flavor == "torchrun-default" else 5))
             for rep in range(reps):
                 trial = run_trial(Flavor(flavor), Path(tmp) / f"{flavor}-{rep}",
-                                  join=not args.no_join, trace=args.trace)  # fmt: skip
+                                  join=not (args.no_join or freeze), trace=args.trace,
+                                  fault=args.fault, freeze_cap=args.freeze_cap)  # fmt: skip
                 trials.append(trial)
                 print(
                     f"[recovery] {flavor} run {rep + 1}/{reps}: recovery {_num(trial.recovery_s)}"
@@ -233,16 +281,21 @@ def main(argv: list[str] | None = None) -> int:
                 for line in trial.trace:
                     print("   " + line, file=sys.stderr)
     result = summary(trials)
+    body = markdown_freeze(trials, result, args.freeze_cap) if freeze else markdown(trials, result)
     if not args.quick and not args.no_write:
         cmd = "python -m benchmarks.recovery " + " ".join(
             shlex.quote(a) for a in (argv or sys.argv[1:])
         )
-        write_section("recovery", "Recovery after a node's death (process level)", cmd.strip(),
-                      markdown(trials, result))  # fmt: skip
+        if freeze:
+            write_section("recovery_freeze", "Recovery after a node freezes (process level)",
+                          cmd.strip(), body)  # fmt: skip
+        else:
+            write_section("recovery", "Recovery after a node's death (process level)",
+                          cmd.strip(), body)  # fmt: skip
     if args.json:
         print(json.dumps(result))
     else:
-        print(markdown(trials, result))
+        print(body)
     return 0
 
 
