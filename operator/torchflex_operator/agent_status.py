@@ -5,7 +5,10 @@ planning. Final reports come from ``containerStatuses[].state.terminated
 .message`` (already in the PodView). Live ones are polled over HTTP from
 pod IPs that pod status reports (never a Service IP), with a short timeout,
 a few pods per job, at most once per interval: status freshness is
-best-effort and must never slow reconciling down much.
+best-effort and must never slow reconciling down much. Pods that some
+report names lost (``fencing.suspects``) are asked too, in the same pass,
+and those that do not answer are remembered (``unanswered``): the planner
+fences a pod only on the group's verdict plus its own silence.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 
 from torchflex_contract import env
 from torchflex_contract.progress import STATUS_PATH, AgentReport
+from torchflex_operator.fencing import suspects
 from torchflex_operator.observed import PodView
 
 _MAX_BODY = 64 * 1024
@@ -66,10 +70,22 @@ class StatusPoller:
         self.timeout = timeout
         self.per_job = per_job
         self.interval = interval
-        self._last: dict[object, tuple[float, dict[str, AgentReport]]] = {}
+        self._last: dict[object, tuple[float, dict[str, AgentReport], frozenset[str]]] = {}
 
     def forget(self, key: object) -> None:
         self._last.pop(key, None)
+
+    def unanswered(self, key: object) -> frozenset[str]:
+        """Running pods asked in the latest poll of ``key`` whose agent did not answer."""
+        last = self._last.get(key)
+        return last[2] if last is not None else frozenset()
+
+    async def _ask(self, pods: list[PodView]) -> tuple[dict[str, AgentReport], set[str]]:
+        results = await asyncio.gather(
+            *(fetch(str(p.pod_ip), self.port, self.timeout) for p in pods)
+        )
+        got = {p.name: r for p, r in zip(pods, results, strict=True) if r is not None}
+        return got, {p.name for p in pods} - set(got)
 
     async def reports(self, key: object, pods: list[PodView]) -> dict[str, AgentReport]:
         out = {p.name: r for p in pods if (r := final_report(p)) is not None}
@@ -80,12 +96,16 @@ class StatusPoller:
         if last is not None and now - last[0] < self.interval:
             live = last[1]
         else:
-            targets = sorted(
+            runnable = sorted(
                 (p for p in pods if p.running and p.pod_ip), key=lambda p: p.index or 0
-            )[: self.per_job]
-            results = await asyncio.gather(
-                *(fetch(str(p.pod_ip), self.port, self.timeout) for p in targets)
             )
-            live = {p.name: r for p, r in zip(targets, results, strict=True) if r is not None}
-            self._last[key] = (now, live)
+            targets = runnable[: self.per_job]
+            live, silent = await self._ask(targets)
+            named = suspects({**live, **out})
+            extra = [p for p in runnable if p.name in named and p not in targets]
+            if extra:
+                more, more_silent = await self._ask(extra[: self.per_job])
+                live.update(more)
+                silent |= more_silent
+            self._last[key] = (now, live, frozenset(silent))
         return {**live, **out}

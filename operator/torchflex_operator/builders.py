@@ -21,6 +21,8 @@ from torchflex_operator.settings import Settings
 from torchflex_operator.spec import Backend, JobSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
+STORE_REQUESTS = {"cpu": "100m", "memory": "512Mi"}
+"""The store process imports torch for its TCPStore: a few hundred MiB resident."""
 _WRAPPED = ("torchflex-agent", "torchrun")
 _TLS_VOLUME = "torchflex-rdzv-tls"
 _NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -252,6 +254,25 @@ def store_pod(job: JobSpec, settings: Settings) -> Manifest:
         "image": trainer.get("image", ""),
         "command": [settings.agent_command, "store", "--port", str(env.DEFAULT_STORE_PORT)],
         "ports": [{"name": "store", "containerPort": env.DEFAULT_STORE_PORT}],
+        # Requests: never BestEffort, the first pod evicted under node pressure.
+        # No limits: an OOM kill of the store would stop every agent's rendezvous.
+        "resources": {"requests": dict(STORE_REQUESTS)},
+        # A TCP probe catches a dead or wedged listener (the kubelet restarts
+        # the container); a frozen process still completes TCP handshakes in
+        # the kernel, so that case is the agents' verdict (store_error, see
+        # fencing.py) on which the operator replaces the pod.
+        "readinessProbe": {
+            "tcpSocket": {"port": env.DEFAULT_STORE_PORT},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "tcpSocket": {"port": env.DEFAULT_STORE_PORT},
+            "initialDelaySeconds": 30,
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
     }
     if "imagePullPolicy" in trainer:
         container["imagePullPolicy"] = trainer["imagePullPolicy"]

@@ -103,6 +103,20 @@ def parser() -> argparse.ArgumentParser:
         metavar="S",
         help="wait past a pod's grace period on a lost node before force-deleting it",
     )
+    p.add_argument(
+        "--max-pending-pods",
+        type=positive_int,
+        default=Settings.max_unscheduled,
+        metavar="N",
+        help="worker pods per job that may wait for a node at once (creation pauses beyond)",
+    )
+    p.add_argument(
+        "--create-batch",
+        type=positive_int,
+        default=Settings.create_batch_initial,
+        metavar="N",
+        help="worker pods a job's first pass may create; later passes add as many as started",
+    )
     netpol = p.add_argument_group("the operator as seen by each job's NetworkPolicy")
     netpol.add_argument(
         "--operator-pod-namespace",
@@ -127,6 +141,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def label_arg(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -142,6 +166,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         backoff_cap_s=args.backoff_cap,
         resync_s=args.resync,
         force_delete_after_s=args.force_delete_after,
+        max_unscheduled=args.max_pending_pods,
+        create_batch_initial=args.create_batch,
         operator_namespace=args.operator_pod_namespace,
         operator_pod_labels=tuple(args.operator_pod_label),
         operator_cidrs=tuple(args.operator_cidr),

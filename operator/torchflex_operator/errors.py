@@ -38,5 +38,19 @@ class AccessDeniedError(PermanentError):
     """
 
 
+class RefusedError(PermanentError):
+    """The API server refused an object we asked it to create (400, 422, or a 403
+    from admission such as Pod Security), with the server's own message.
+
+    The reconciler turns it into a condition and an Event on the job instead
+    of failing the pass (see ``verdicts.refusals``).
+    """
+
+    def __init__(self, detail: str, code: int, server_message: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.server_message = server_message
+
+
 class InvalidSpecError(PermanentError):
     """The job's spec cannot be run (the schema should have caught it)."""

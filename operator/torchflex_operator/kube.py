@@ -27,6 +27,7 @@ from torchflex_operator.errors import (
     AccessDeniedError,
     ConflictError,
     PermanentError,
+    RefusedError,
     RetryableError,
 )
 from torchflex_operator.spec import format_time
@@ -75,6 +76,18 @@ def _typed(exc: ApiException, what: str) -> Exception:
     if status == 403 and _RBAC_DENIAL.search(_message(exc)):
         return AccessDeniedError(detail)
     return PermanentError(detail)
+
+
+def _refusal(exc: PermanentError) -> PermanentError:
+    """A create refused by validation or admission, as ``RefusedError`` with the
+    server's message; the operator's own RBAC refusal stays ``AccessDeniedError``."""
+    cause = exc.__cause__
+    if isinstance(exc, AccessDeniedError) or not isinstance(cause, ApiException):
+        return exc
+    code = int(cause.status or 0)
+    if code not in (400, 403, 422):
+        return exc
+    return RefusedError(str(exc), code, _message(cause) or str(cause.reason))
 
 
 class Kube:
@@ -180,6 +193,8 @@ class Kube:
             )
         except ConflictError:
             return None
+        except PermanentError as exc:
+            raise _refusal(exc) from exc.__cause__
         meta: Any = created.metadata
         return str(meta.uid)
 
@@ -187,11 +202,14 @@ class Kube:
         ns = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
         body: Any = dict(manifest)
-        return await self._ignore(
-            (409,),
-            f"create service {ns}/{name}",
-            lambda: self.core.create_namespaced_service(ns, body, _request_timeout=_TIMEOUT_S),
-        )
+        try:
+            return await self._ignore(
+                (409,),
+                f"create service {ns}/{name}",
+                lambda: self.core.create_namespaced_service(ns, body, _request_timeout=_TIMEOUT_S),
+            )
+        except PermanentError as exc:
+            raise _refusal(exc) from exc.__cause__
 
     async def create_network_policy(self, manifest: Mapping[str, Any]) -> bool:
         ns = manifest["metadata"]["namespace"]
@@ -214,11 +232,14 @@ class Kube:
             ),
         )
 
-    async def delete_pod(self, namespace: str, name: str, uid: str, *, force: bool) -> bool:
-        """Delete exactly the pod with ``uid`` (gracefully unless ``force``)."""
+    async def delete_pod(
+        self, namespace: str, name: str, uid: str, *, force: bool, grace_s: int | None = None
+    ) -> bool:
+        """Delete exactly the pod with ``uid`` (gracefully unless ``force``; ``grace_s``
+        shortens the pod's own grace period)."""
         opts = client.V1DeleteOptions(
             preconditions=client.V1Preconditions(uid=uid),
-            grace_period_seconds=0 if force else None,
+            grace_period_seconds=0 if force else grace_s,
         )
         return await self._ignore(
             (404, 409),

@@ -115,6 +115,27 @@ class PodView:
 
 
 @dataclasses.dataclass(frozen=True)
+class Refusal:
+    """The API server refused to create one of the job's objects (not RBAC)."""
+
+    kind: str
+    name: str
+    code: int
+    message: str
+    """The server's own message (admission or validation), verbatim."""
+    at: dt.datetime
+
+    @property
+    def permanent(self) -> bool:
+        """400/422: the object built from this spec is invalid and stays so.
+
+        403 from admission (Pod Security, quota) can go away by itself: a
+        namespace label or a quota changes, other pods end.
+        """
+        return self.code in (400, 422)
+
+
+@dataclasses.dataclass(frozen=True)
 class Observed:
     """One job's world at one instant, as the planner sees it."""
 
@@ -127,6 +148,12 @@ class Observed:
     """False when node health was not observed (then node loss is never assumed)."""
     reports: Mapping[str, AgentReport] = dataclasses.field(default_factory=dict)
     """Latest agent report per pod name (termination message or ``GET /status``)."""
+    unanswered: frozenset[str] = frozenset()
+    """Running pods whose agent was asked ``GET /status`` this pass and did not answer."""
+    refusals: Mapping[str, Refusal] = dataclasses.field(default_factory=dict)
+    """Latest refused create per object name, until a create of that name succeeds."""
+    posted_events: frozenset[int] = frozenset()
+    """Ids of ``status.pendingEvents`` this operator has posted (see events.py)."""
 
     def workers(self) -> list[PodView]:
         return sorted(

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchflex_contract import labels
+from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.labels import Role
-from torchflex_operator import builders, netpol, rollout
+from torchflex_operator import builders, completion, events, netpol, pacing, rollout, verdicts
 from torchflex_operator.conditions import set_condition
-from torchflex_operator.failures import classify, succeeded
+from torchflex_operator.failures import classify
 from torchflex_operator.observed import Observed, PodView
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import Backend, CleanPodPolicy, JobSpec, format_time, parse_time
@@ -35,6 +36,8 @@ class PodDelete:
     uid: str
     force: bool = False
     """Grace period 0: only for pods stuck terminating on a lost node."""
+    grace_s: int | None = None
+    """A shorter grace period than the pod's own (fencing a silent pod); None: the pod's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +66,9 @@ class Plan:
         if self.requeue_after is None or seconds < self.requeue_after:
             self.requeue_after = seconds
 
-    def delete(self, pod: PodView, *, force: bool = False) -> None:
+    def delete(self, pod: PodView, *, force: bool = False, grace_s: int | None = None) -> None:
         if all(d.name != pod.name for d in self.delete_pods):
-            self.delete_pods.append(PodDelete(pod.name, pod.uid, force))
+            self.delete_pods.append(PodDelete(pod.name, pod.uid, force, grace_s))
 
     def event(self, etype: EventType, reason: EventReason, message: str) -> None:
         self.events.append(Event(etype, reason, message))
@@ -200,6 +203,8 @@ class _Pass:
             failure = classify(pod, self.obs)
             if failure.reason is Reason.POD_DELETED:
                 continue  # its deletion was a decision already reported; not a failure
+            if pod.exit_code == ExitCode.RENDEZVOUS_CLOSED:
+                continue  # its agent found the job closed (finished): not a failure
             fresh += 1
             self.s["replacements"] = int(self.s.get("replacements", 0)) + 1
             if failure.counted:
@@ -253,22 +258,11 @@ class _Pass:
                     f"deleting failed pod {pod.name} to replace it",
                 )
 
-    def force_delete_stuck(self) -> None:
-        for pod in self._all_pods():
-            if pod.deletion is None or not self.obs.node_lost(pod):
-                continue
-            left = (pod.deletion - self.now).total_seconds() + self.settings.force_delete_after_s
-            if left <= 0:
-                self.plan.delete(pod, force=True)
-                self.plan.event(
-                    EventType.WARNING,
-                    EventReason.FORCE_DELETED,
-                    f"force-deleted pod {pod.name} stuck terminating on lost node {pod.node_name}",
-                )
-            else:
-                self.plan.wake_in(left)
+    def scale(self, held: bool = False) -> pacing.Budget | None:
+        """Scale toward ``desiredReplicas``; the creation budget used, if any.
 
-    def scale(self) -> None:
+        ``held``: a refused create is waiting out its retry delay.
+        """
         job = self.job
         desired = job.desired
         prior_desired = self.s.get("desiredReplicas")
@@ -291,23 +285,27 @@ class _Pass:
             )
             for pod in victims[: len(active) - desired]:
                 self.plan.delete(pod)
-            return
+            return None
         missing = desired - len(active)
-        if missing <= 0:
-            return
+        if missing <= 0 or held:
+            return None
         until = self._time("backoffUntil")
         if until is not None and until > self.now:
             self.plan.wake_in((until - self.now).total_seconds())
-            return
-        # Never more than maxReplicas worker objects, never two pods per index.
+            return None
+        # Never more than maxReplicas worker objects, never two pods per index,
+        # never more at once than pacing allows (growing batches, capped Pending).
+        budget = pacing.budget(self.workers, self.settings)
         occupied = {w.index for w in self.workers}
         room = job.max_replicas - len(self.workers)
-        free = [i for i in range(job.max_replicas) if i not in occupied][: min(missing, room)]
+        take = min(missing, room, budget.allowed)
+        free = [i for i in range(job.max_replicas) if i not in occupied][:take]
         for index in free:
             self.plan.create_pods.append(builders.worker_pod(job, index, self.settings))
         if free:
             names = ", ".join(labels.worker_pod_name(job.name, i) for i in free)
             self.plan.event(EventType.NORMAL, EventReason.CREATED_POD, f"created {names}")
+        return budget
 
     def roll(self) -> None:
         """Replace workers built from an older spec (see ``rollout.step``)."""
@@ -328,7 +326,7 @@ class _Pass:
                 f"{left} running worker(s) left on the old spec",
             )
 
-    def rendezvous_host(self) -> None:
+    def rendezvous_host(self, held: bool = False) -> None:
         job = self.job
         if job.rendezvous.backend is Backend.C10D:
             role, name = Role.STORE, labels.store_pod_name(job.name)
@@ -340,7 +338,7 @@ class _Pass:
         for pod in pods:
             if pod.finished and not pod.terminating:
                 self.plan.delete(pod)
-        if pods:
+        if pods or held:
             return
         if self.s.get("rendezvousHost"):
             self.plan.event(
@@ -446,12 +444,15 @@ def plan(
     else:
         p.resume_if_needed()
         failed = p.account_failures()
-        p.force_delete_stuck()
+        verdicts.force_delete_stuck(p)
         deadline = job.active_deadline_s
         started = p._since("startTime") or 0.0
-        if any(succeeded(w) for w in p.workers):
-            done = next(w for w in p.workers if succeeded(w))
-            p.finish(Phase.SUCCEEDED, Reason.WORKER_GROUP_SUCCEEDED, f"worker {done.name} exited 0")
+        verdict = completion.judge(p.workers, observed.reports)
+        outcome = None if verdict is None else verdict.outcome
+        if verdict is not None and outcome is completion.Outcome.SUCCEEDED:
+            p.finish(Phase.SUCCEEDED, Reason.WORKER_GROUP_SUCCEEDED, verdict.message)
+        elif verdict is not None and outcome is completion.Outcome.FAILED:
+            p.finish(Phase.FAILED, Reason.FINAL_ROUND_INCOMPLETE, verdict.message)
         elif int(p.s.get("failures", 0)) > job.backoff_limit:
             last = p.s.get("lastFailure") or {}
             p.finish(
@@ -467,21 +468,32 @@ def plan(
                 Reason.DEADLINE_EXCEEDED,
                 f"running longer than activeDeadlineSeconds={deadline}",
             )
+        elif verdict is not None:  # completing: the rest of the final round may still work
+            if deadline is not None:
+                result.wake_in(deadline - started)
+            verdicts.complete(p, verdict)
         else:
             if deadline is not None:
                 result.wake_in(deadline - started)
             p.replace_failed(failed)
-            p.availability()
+            verdicts.fence(p)
+            held = verdicts.refusals(p)
+            if not Phase(p.s.get("phase", Phase.PENDING)).finished:
+                p.availability()
             if not Phase(p.s["phase"]).finished:
-                p.rendezvous_host()
+                verdicts.store_liveness(p)
+                p.rendezvous_host(held)
                 p.ensure_services()
                 p.ensure_network_policy()
-                p.scale()
+                budget = p.scale(held)
                 p.roll()
+                verdicts.desired_size(p, budget, held)
         if Phase(p.s["phase"]).finished:
             p.cleanup()
         else:
             result.wake_in(p.settings.resync_s)
     p.counts()
+    decided = [(e.type.value, e.reason.value, e.message) for e in result.events]
+    events.settle(p.s, status, decided, observed.posted_events)
     result.status = p.s
     return result

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchflex_contract import labels
+from torchflex_operator import events
 from torchflex_operator.agent_status import StatusPoller
 from torchflex_operator.cache import JobKey, NodeCache, OwnedCache
 from torchflex_operator.errors import (
@@ -30,13 +31,14 @@ from torchflex_operator.errors import (
     ConflictError,
     InvalidSpecError,
     PermanentError,
+    RefusedError,
     RetryableError,
 )
 from torchflex_operator.expectations import TIMEOUT as EXPECTATION_TIMEOUT
 from torchflex_operator.expectations import Expectations
 from torchflex_operator.kube import Kube
 from torchflex_operator.metrics import Metrics
-from torchflex_operator.observed import Observed, PodView
+from torchflex_operator.observed import Observed, PodView, Refusal
 from torchflex_operator.peering import Gate
 from torchflex_operator.planner import Plan, plan
 from torchflex_operator.settings import Settings
@@ -93,6 +95,10 @@ class Reconciler:
         self._workers = workers
         self._tasks: list[asyncio.Task[None]] = []
         self._failures: dict[JobKey, int] = {}
+        self._refusals: dict[JobKey, dict[str, Refusal]] = {}
+        """Latest refused create per job and object name (cleared by a create that works)."""
+        self._posted: dict[JobKey, set[int]] = {}
+        """Ids of the job's ``status.pendingEvents`` posted by this process."""
         self._denied_warned_at: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------
@@ -124,6 +130,8 @@ class Reconciler:
         self.poller.forget(key)
         self.metrics.job_phase(key, None)
         self._failures.pop(key, None)
+        self._refusals.pop(key, None)
+        self._posted.pop(key, None)
 
     def _gate_changed(self, active: bool) -> None:
         self.metrics.active.set(1 if active else 0)
@@ -210,6 +218,9 @@ class Reconciler:
             node_ready=dict(self.nodes.ready),
             nodes_known=self.nodes.synced,
             reports=reports,
+            unanswered=self.poller.unanswered(key),
+            refusals=dict(self._refusals.get(key, {})),
+            posted_events=frozenset(self._posted.get(key, ())),
         )
 
     async def _sync(self, key: JobKey) -> dict[str, Any] | None:
@@ -245,6 +256,9 @@ class Reconciler:
         if self.poller.enabled and requeue is not None and any(p.running for p in observed.pods):
             # Agents' progress (world size, round) is only seen by asking again.
             requeue = min(requeue, self.poller.interval)
+        if any(r.at == now for r in self._refusals.get(key, {}).values()):
+            # A create was refused in this pass: say so in status at once.
+            requeue = 1.0 if requeue is None else min(requeue, 1.0)
         if self.expectations.pending(f"{key[0]}/{key[1]}"):
             # An expectation the watch never meets ends by timeout; make sure a
             # pass runs then, even if no event comes (no silent resync wait).
@@ -273,10 +287,23 @@ class Reconciler:
             await self.kube.create_network_policy(policy)
         for policy_name in result.delete_network_policies:
             await self.kube.delete_network_policy(namespace, policy_name)
+        refused = self._refusals.setdefault(key, {})
         for svc in result.create_services:
-            await self.kube.create_service(svc)
+            try:
+                await self.kube.create_service(svc)
+            except RefusedError as exc:
+                refused[svc["metadata"]["name"]] = self._refused("Service", svc, exc, now)
+                continue
+            refused.pop(svc["metadata"]["name"], None)
         for manifest in result.create_pods:
-            uid = await self.kube.create_pod(manifest)
+            try:
+                uid = await self.kube.create_pod(manifest)
+            except RefusedError as exc:
+                # Not this pass's failure: the next pass makes it a condition, an
+                # Event, and fails the job if the refusal cannot go away.
+                refused[manifest["metadata"]["name"]] = self._refused("Pod", manifest, exc, now)
+                continue
+            refused.pop(manifest["metadata"]["name"], None)
             view = PodView.from_pod(
                 {**manifest, "metadata": {**manifest["metadata"], "uid": uid or ""}}
             )
@@ -287,22 +314,43 @@ class Reconciler:
         for reason in result.replacements:
             self.metrics.pods_replaced.labels(reason.value).inc()
         for victim in result.delete_pods:
-            if await self.kube.delete_pod(namespace, victim.name, victim.uid, force=victim.force):
+            if await self.kube.delete_pod(
+                namespace, victim.name, victim.uid, force=victim.force, grace_s=victim.grace_s
+            ):
                 self.metrics.pods_deleted.labels("force" if victim.force else "graceful").inc()
             self.expectations.expect_deleted(exp_key, victim.uid, now, forced=victim.force)
-        for event in result.events:
-            await self._event(obj, event.type, event.reason, event.message, now)
-            log.info("%s/%s %s: %s", namespace, name, event.reason.value, event.message)
+        if not refused:
+            self._refusals.pop(key, None)
+        # Events go out after the status write that carries them (events.py): a
+        # pass cut short here leaves them pending in the status for the next one.
+        posted = self._posted.setdefault(key, set())
+        for event in events.due(result.status, frozenset(posted)):
+            if await self._event(obj, event["type"], event["reason"], event["message"], now):
+                posted.add(int(event["id"]))
+            log.info("%s/%s %s: %s", namespace, name, event["reason"], event["message"])
+        posted &= {int(e["id"]) for e in result.status.get("pendingEvents") or []}
         if result.delete_job:
             await self.kube.delete_job(namespace, name, str(obj["metadata"].get("uid", "")))
 
+    def _refused(
+        self, kind: str, manifest: Mapping[str, Any], exc: RefusedError, now: dt.datetime
+    ) -> Refusal:
+        log.warning("%s: %s", exc, exc.server_message)
+        return Refusal(kind, manifest["metadata"]["name"], exc.code, exc.server_message, now)
+
     async def _event(
         self, obj: Mapping[str, Any], etype: str, reason: str, message: str, now: dt.datetime
-    ) -> None:
+    ) -> bool:
+        """Post one Event; False when it should be tried again (it stays pending)."""
         try:
             await self.kube.post_event(obj, etype, reason, message, now)
         except AccessDeniedError as exc:
             meta = obj.get("metadata") or {}
             self._rights_refused((meta.get("namespace", ""), meta.get("name", "")), exc)
-        except (RetryableError, PermanentError) as exc:  # events are best-effort
+            return False
+        except RetryableError as exc:
+            log.warning("could not post event %s (kept for the next pass): %s", reason, exc)
+            return False
+        except PermanentError as exc:  # the API will never take this one: drop it
             log.warning("could not post event %s: %s", reason, exc)
+        return True

@@ -25,6 +25,16 @@ class Settings:
     only the watch-fed caches, so an idle job costs no API request."""
     accounted_pods_kept: int = 64
     """How many handled failed-pod UIDs status remembers (must exceed maxReplicas' churn)."""
+    create_batch_initial: int = 16
+    """Worker pods the first pass may create; later passes add as many as have a node."""
+    max_unscheduled: int = 64
+    """Worker pods that may wait for a node at once (``pacing``)."""
+    fence_grace_s: int = 5
+    """Grace period when deleting a pod the group declared lost, or a silent store pod."""
+    store_replace_after_s: float = 20.0
+    """Every answering agent blind to the store this long: the store pod is replaced."""
+    refusal_retry_s: float = 10.0
+    """After the API refused a create with a 403 (admission), wait this long to retry."""
     operator_namespace: str | None = None
     """Where the operator's own pods run (``--operator-pod-namespace``): with
     ``operator_pod_labels`` it names the operator in each job's NetworkPolicy."""

@@ -37,6 +37,12 @@ class ConditionType(enum.StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    AT_DESIRED_SIZE = "AtDesiredSize"
+    """True while ``desiredReplicas`` workers run; False says why not (see docs/api.md)."""
+    STORE_REACHABLE = "RendezvousStoreReachable"
+    """False while agents report that they cannot reach the rendezvous store."""
+    CHILDREN_ACCEPTED = "ChildrenAccepted"
+    """False while the API server refuses a pod or Service the job needs."""
 
 
 class Reason(enum.StrEnum):
@@ -54,6 +60,23 @@ class Reason(enum.StrEnum):
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     MIN_AVAILABLE_TIMEOUT = "MinAvailableTimeout"
+    FINAL_ROUND_INCOMPLETE = "FinalRoundIncomplete"
+    """A member of the final round exited 0, another ended without exiting 0."""
+    CHILD_REJECTED = "ChildRejected"
+    """The API server rejected a pod or Service as invalid (400/422): it cannot go away."""
+    # AtDesiredSize
+    DESIRED_SIZE_RUNNING = "DesiredSizeRunning"
+    STARTING = "Starting"
+    SCALING_UP = "ScalingUp"
+    PENDING_CAP_REACHED = "PendingCapReached"
+    BACKING_OFF = "BackingOff"
+    COMPLETING = "Completing"
+    # RendezvousStoreReachable
+    STORE_REACHABLE = "StoreReachable"
+    STORE_UNREACHABLE = "StoreUnreachable"
+    # ChildrenAccepted (and AtDesiredSize while a create is refused)
+    ACCEPTED = "Accepted"
+    CREATE_REFUSED = "CreateRefused"
     # lastFailure.reason: why a worker pod ended (see failures.py)
     USER_ERROR = "UserError"
     INFRA_ERROR = "InfraError"
@@ -63,6 +86,8 @@ class Reason(enum.StrEnum):
     NODE_LOST = "NodeLost"
     POD_DELETED = "PodDeleted"
     """Deleted (by the operator, a user or a controller) without platform evidence."""
+    MEMBER_LOST = "MemberLost"
+    """Fenced: the group declared the pod's member lost and its agent went silent."""
 
 
 class EventReason(enum.StrEnum):
@@ -86,6 +111,13 @@ class EventReason(enum.StrEnum):
     FAILED = "Failed"
     CLEANED_UP = "CleanedUp"
     TTL_EXPIRED = "TTLExpired"
+    COMPLETING = "Completing"
+    FENCED_POD = "FencedPod"
+    STORE_UNREACHABLE = "StoreUnreachable"
+    STORE_REACHABLE = "StoreReachable"
+    REPLACING_STORE = "ReplacingStore"
+    CREATE_REFUSED = "CreateRefused"
+    PENDING_CAP_REACHED = "PendingCapReached"
 
 
 class EventType(enum.StrEnum):

@@ -325,13 +325,19 @@ def test_active_deadline() -> None:
     assert ok.requeue_after is not None and ok.requeue_after <= 400
 
 
-def test_any_worker_success_completes_job_and_stops_others() -> None:
-    pods = [worker(0, "Succeeded", exit_code=0), worker(1), worker(2, "Pending")]
+def test_worker_success_without_agent_reports_waits_for_every_running_pod() -> None:
+    # torchrun's rule when no agent report says who was in the final round.
+    pods = [worker(0, "Succeeded", exit_code=0), worker(1), worker(2, "Pending", node_name=None)]
     result = plan(job(), RUNNING, observed(*pods), NOW)
+    assert result.status["phase"] == Phase.RUNNING
+    assert deleted(result) == [wn(2)]  # never reached a node: cannot be a member
+    assert not result.create_pods
+    assert EventReason.COMPLETING in reasons(result)
+    done = [worker(0, "Succeeded", exit_code=0), worker(1, "Succeeded", exit_code=0)]
+    result = plan(job(), result.status, observed(*done), NOW)
     assert result.status["phase"] == Phase.SUCCEEDED
     assert result.status["completionTime"] == ago(0)
-    assert deleted(result) == sorted([wn(1), wn(2), labels.store_pod_name(NAME)])
-    assert not result.create_pods
+    assert deleted(result) == [labels.store_pod_name(NAME)]
     assert EventReason.SUCCEEDED in reasons(result)
 
 

@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.unit.operator.factories import NOW, worker
 from torchflex_contract import labels
 from torchflex_operator.cache import NodeCache, OwnedCache
-from torchflex_operator.cli import parser
+from torchflex_operator.cli import parser, settings_from
 from torchflex_operator.errors import (
     AccessDeniedError,
     ConflictError,
@@ -131,7 +131,11 @@ def test_cli_flags() -> None:
     ha = parser().parse_args(["-n", "a", "--peering", "p", "--priority", "oldest"])
     assert (ha.peering, ha.priority, ha.peering_lifetime) == ("p", "oldest", 60)
     assert parser().parse_args([]).resync == 300
+    paced = settings_from(parser().parse_args(["--max-pending-pods", "8", "--create-batch", "2"]))
+    assert (paced.max_unscheduled, paced.create_batch_initial) == (8, 2)
     for bad in (
+        ["--max-pending-pods", "0"],
+        ["--create-batch", "x"],
         ["-n", "a", "-A"],
         ["--log-format", "xml"],
         ["--peering", "p", "--standalone"],

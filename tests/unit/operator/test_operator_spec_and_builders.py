@@ -99,6 +99,12 @@ def test_store_pod_and_services() -> None:
     pod = builders.store_pod(job(), Settings())
     assert pod["spec"]["containers"][0]["command"][:2] == ["torchflex-agent", "store"]
     assert pod["spec"]["restartPolicy"] == "Always"
+    store = pod["spec"]["containers"][0]
+    # Not BestEffort (requests set), probed on its port.
+    assert store["resources"]["requests"] == {"cpu": "100m", "memory": "512Mi"}
+    assert "limits" not in store["resources"]
+    assert store["livenessProbe"]["tcpSocket"]["port"] == store["ports"][0]["containerPort"]
+    assert store["readinessProbe"]["tcpSocket"]["port"] == store["ports"][0]["containerPort"]
     svcs = builders.services(job())
     assert all(s["spec"]["clusterIP"] == "None" for s in svcs)
     assert all(s["spec"]["publishNotReadyAddresses"] for s in svcs)

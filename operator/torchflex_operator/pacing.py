@@ -1,0 +1,39 @@
+"""How many worker pods one pass may create: growing batches, a cap on Pending.
+
+Where it sits: a pure step of the planner's ``scale``. Like the Job
+controller's slow start, creation grows with evidence that pods start: a
+pass may add at most ``max(create_batch_initial, scheduled)`` pods beyond
+those still waiting for a node, so batches go initial, initial, 2x, 4x, ...
+as each one is scheduled; and never more than ``max_unscheduled`` worker
+pods sit unscheduled at once, whatever ``maxReplicas`` says (10,000 pods on
+a one-node cluster is 10,000 objects for the API server and etcd and no
+training). A pod counts as scheduled once it has a node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from torchflex_operator.observed import PodView
+from torchflex_operator.settings import Settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    allowed: int
+    """Pods this pass may create (before ``missing`` and free indices)."""
+    unscheduled: int
+    scheduled: int
+    capped: bool
+    """The cap on unscheduled pods is what holds creation back."""
+
+
+def budget(workers: Sequence[PodView], settings: Settings) -> Budget:
+    active = [w for w in workers if w.active]
+    unscheduled = sum(1 for w in active if not w.node_name)
+    scheduled = len(active) - unscheduled
+    window = max(settings.create_batch_initial, scheduled)
+    cap = settings.max_unscheduled
+    allowed = max(0, min(window, cap) - unscheduled)
+    return Budget(allowed, unscheduled, scheduled, capped=unscheduled >= cap)

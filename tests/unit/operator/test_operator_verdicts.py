@@ -1,0 +1,415 @@
+"""Table tests of the planner's verdict steps: completion, fencing, store liveness,
+refusals, paced creation and events carried in status. Pure: no API."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from tests.unit.operator.factories import NAME, NOW, ago, job, observed, store, worker
+from torchflex_contract import labels
+from torchflex_contract.exit_codes import ExitCode
+from torchflex_contract.progress import AgentReport, AgentState
+from torchflex_operator import completion, events, fencing, pacing
+from torchflex_operator.completion import Outcome
+from torchflex_operator.conditions import get_condition
+from torchflex_operator.observed import PodView, Refusal
+from torchflex_operator.planner import Plan, plan
+from torchflex_operator.settings import Settings
+from torchflex_operator.vocabulary import ConditionType, EventReason, Phase, Reason
+
+RUNNING: dict[str, Any] = {"phase": "Running", "startTime": ago(10), "desiredReplicas": 4}
+
+
+def wn(i: int) -> str:
+    return labels.worker_pod_name(NAME, i)
+
+
+def final(rnd: int, nodes: int, rank: int) -> AgentReport:
+    return AgentReport(
+        AgentState.SUCCEEDED, round=rnd, world_size=nodes, nodes=nodes, node_rank=rank
+    )
+
+
+def live(rnd: int, **kw: Any) -> AgentReport:
+    return AgentReport(AgentState.RUNNING, round=rnd, world_size=3, nodes=3, **kw)
+
+
+def done(i: int) -> PodView:
+    return worker(i, "Succeeded", exit_code=0)
+
+
+def reasons(result: Plan) -> list[EventReason]:
+    return [e.reason for e in result.events]
+
+
+def condition(result: Plan, ctype: ConditionType) -> dict[str, Any]:
+    cond = get_condition(result.status["conditions"], ctype)
+    assert cond is not None, f"no {ctype} condition"
+    return cond
+
+
+# --- completion: every member of the final round exited 0 ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("pods", "reports", "outcome", "waiting"),
+    [
+        # nobody exited 0 yet
+        ([worker(0), worker(1)], {}, None, ()),
+        # rank 0 lives on index 2 and is still saving: wait for it
+        (
+            [done(0), done(1), worker(2)],
+            {wn(0): final(4, 3, 1), wn(1): final(4, 3, 2), wn(2): live(4, node_rank=0)},
+            Outcome.COMPLETING,
+            (wn(2),),
+        ),
+        # all three ranks of round 4 exited 0, whatever index held rank 0
+        (
+            [done(0), done(1), done(2)],
+            {wn(0): final(4, 3, 1), wn(1): final(4, 3, 2), wn(2): final(4, 3, 0)},
+            Outcome.SUCCEEDED,
+            (),
+        ),
+        # a pod still running in an older round is a waiter, not awaited; its
+        # not-yet-scheduled sibling is not awaited either
+        (
+            [done(0), done(1), worker(2), worker(3, "Pending", node_name=None)],
+            {wn(0): final(4, 2, 0), wn(1): final(4, 2, 1), wn(2): live(3, node_rank=0)},
+            Outcome.SUCCEEDED,
+            (),
+        ),
+        # a running pod without a report may be a member: wait
+        (
+            [done(0), worker(1)],
+            {wn(0): final(2, 2, 1)},
+            Outcome.COMPLETING,
+            (wn(1),),
+        ),
+        # rank 0 crashed after the others exited: nothing runs, the round is incomplete
+        (
+            [done(0), worker(1, "Failed", exit_code=1)],
+            {wn(0): final(2, 2, 1), wn(1): final(2, 2, 0)},
+            Outcome.FAILED,
+            (),
+        ),
+        # an exit 0 from an older round does not complete the newer one
+        (
+            [done(0), done(1), worker(2)],
+            {wn(0): final(1, 2, 0), wn(1): final(2, 2, 0), wn(2): live(2, node_rank=1)},
+            Outcome.COMPLETING,
+            (wn(2),),
+        ),
+        # pod deleted while it exited 0 (SIGTERM answered): never completes the job
+        ([dataclasses.replace(done(0), deletion=NOW), worker(1)], {}, None, ()),
+    ],
+)
+def test_completion_verdict(
+    pods: list[PodView],
+    reports: dict[str, AgentReport],
+    outcome: Outcome | None,
+    waiting: tuple[str, ...],
+) -> None:
+    verdict = completion.judge(pods, reports)
+    if outcome is None:
+        assert verdict is None
+        return
+    assert verdict is not None
+    assert verdict.outcome is outcome, verdict.message
+    assert verdict.waiting_for == waiting
+
+
+def test_rank0_saving_on_another_index_keeps_the_job_running_and_every_pod_alive() -> None:
+    pods = [done(0), done(1), worker(2), worker(3, "Pending", node_name=None)]
+    reports = {wn(0): final(5, 3, 1), wn(1): final(5, 3, 2), wn(2): live(5, node_rank=0)}
+    result = plan(job(), RUNNING, observed(*pods, reports=reports), NOW)
+    assert result.status["phase"] == Phase.RUNNING
+    assert [d.name for d in result.delete_pods] == [wn(3)]  # never reached a node
+    assert not result.create_pods
+    assert EventReason.COMPLETING in reasons(result)
+    assert condition(result, ConditionType.AT_DESIRED_SIZE)["reason"] == Reason.COMPLETING
+    # rank 0 is done: Succeeded, and only now cleanup stops what is left (the store)
+    reports[wn(2)] = final(5, 3, 0)
+    later = plan(job(), result.status, observed(done(0), done(1), done(2), reports=reports), NOW)
+    assert later.status["phase"] == Phase.SUCCEEDED
+    assert condition(later, ConditionType.SUCCEEDED)["message"].startswith("all 3 member(s)")
+    assert [d.name for d in later.delete_pods] == [labels.store_pod_name(NAME)]
+    assert EventReason.COMPLETING not in reasons(later)  # said once
+
+
+def test_agent_that_found_the_job_closed_is_not_a_failure() -> None:
+    closed = worker(2, "Failed", exit_code=int(ExitCode.RENDEZVOUS_CLOSED))
+    reports = {wn(0): final(1, 2, 0), wn(1): final(1, 2, 1)}
+    result = plan(job(), RUNNING, observed(done(0), done(1), closed, reports=reports), NOW)
+    assert result.status["phase"] == Phase.SUCCEEDED
+    assert result.status["failures"] == 0 and result.status["replacements"] == 0
+    assert EventReason.PREEMPTED not in reasons(result)
+
+
+def test_final_member_failing_after_others_exit_fails_the_job() -> None:
+    pods = [done(0), worker(1, "Failed", exit_code=1)]
+    reports = {wn(0): final(2, 2, 1)}
+    result = plan(job(), RUNNING, observed(*pods, reports=reports), NOW)
+    assert result.status["phase"] == Phase.FAILED
+    assert condition(result, ConditionType.FAILED)["reason"] == Reason.FINAL_ROUND_INCOMPLETE
+
+
+# --- fencing members the group declared lost ------------------------------------------
+
+
+def lost_by(rnd: int, *names: str) -> AgentReport:
+    return live(rnd + 1, node_rank=0, lost_pods=names, lost_round=rnd)
+
+
+@pytest.mark.parametrize(
+    ("reports", "unanswered", "fenced", "silent"),
+    [
+        # pod 2 named lost in round 3 and its agent does not answer: fenced
+        ({wn(0): lost_by(3, wn(2))}, {wn(2)}, [wn(2)], True),
+        # it answers from round 3 (the round it was lost in): fenced
+        ({wn(0): lost_by(3, wn(2)), wn(2): live(3)}, set(), [wn(2)], False),
+        # it answers from round 4: it rejoined, leave it
+        ({wn(0): lost_by(3, wn(2)), wn(2): live(4)}, set(), [], False),
+        # not named by anyone, silent: no verdict, leave it (a slow poll is not a loss)
+        ({wn(0): live(4)}, {wn(2)}, [], False),
+        # not asked yet (no report, not unanswered): unknown, leave it for now
+        ({wn(0): lost_by(3, wn(2))}, set(), [], False),
+        # an agent naming itself is ignored
+        ({wn(2): lost_by(3, wn(2))}, {wn(2)}, [], False),
+    ],
+)
+def test_lost_members(
+    reports: dict[str, AgentReport], unanswered: set[str], fenced: list[str], silent: bool
+) -> None:
+    pods = [worker(i, created=NOW - dt.timedelta(seconds=60)) for i in range(3)]
+    seen = {name: NOW for name in fencing.verdicts(reports)}
+    lost = fencing.lost_members(pods, reports, frozenset(unanswered), seen)
+    assert [m.pod.name for m in lost] == fenced
+    assert all(m.silent is silent for m in lost)
+    assert fencing.suspects(reports) >= frozenset(fenced)
+
+
+def test_replacement_with_the_lost_pods_name_is_not_fenced() -> None:
+    """The verdict binds to the pod that existed when the operator first saw it."""
+    reports = {wn(0): lost_by(3, wn(2)), wn(2): live(-1)}  # the new pod is still joining
+    old = worker(2, created=NOW - dt.timedelta(seconds=60))
+    new = worker(2, uid="uid-new", created=NOW + dt.timedelta(seconds=5))
+    seen = {wn(2): NOW}
+    assert [m.pod.uid for m in fencing.lost_members([old], reports, frozenset(), seen)] == [old.uid]
+    assert fencing.lost_members([new], reports, frozenset({wn(2)}), seen) == []
+    status = {**RUNNING, "lostVerdicts": [{"pod": wn(2), "round": 3, "since": ago(0)}]}
+    obs = observed(worker(0), worker(1), new, reports=reports, unanswered=frozenset({wn(2)}))
+    later = plan(job(), status, obs, NOW + dt.timedelta(seconds=6))
+    assert not later.delete_pods
+    assert later.status["lostVerdicts"] == status["lostVerdicts"]  # first sighting kept
+
+
+def test_fenced_pod_is_deleted_with_short_grace_and_not_counted() -> None:
+    created = NOW - dt.timedelta(seconds=60)
+    pods = [worker(0), worker(1), worker(2, grace_s=30, created=created)]
+    obs = observed(*pods, reports={wn(0): lost_by(3, wn(2))}, unanswered=frozenset({wn(2)}))
+    result = plan(job(backoffLimit=0), RUNNING, obs, NOW)
+    assert [(d.name, d.force, d.grace_s) for d in result.delete_pods] == [(wn(2), False, 5)]
+    assert result.status["failures"] == 0 and result.status["replacements"] == 1
+    assert result.status["lastFailure"]["reason"] == Reason.MEMBER_LOST
+    assert result.status["lastFailure"]["counted"] is False
+    assert EventReason.FENCED_POD in reasons(result)
+    assert result.replacements == [Reason.MEMBER_LOST]
+    # next pass: the pod is terminating, then ends Failed by SIGKILL: nothing counted twice
+    gone = dataclasses.replace(pods[2], phase="Failed", exit_code=137, deletion=NOW)
+    later = plan(job(backoffLimit=0), result.status, observed(pods[0], pods[1], gone), NOW)
+    assert later.status["phase"] == Phase.RUNNING
+    assert later.status["failures"] == 0 and later.status["replacements"] == 1
+    assert EventReason.FENCED_POD not in reasons(later)
+
+
+# --- store liveness -----------------------------------------------------------------
+
+
+def blind(rnd: int = 2) -> AgentReport:
+    return live(rnd, store_error="connect timed out after 2.0s")
+
+
+def test_store_error_sets_condition_and_event_once() -> None:
+    pods = [worker(0), worker(1)]
+    obs = observed(*pods, reports={wn(0): blind(), wn(1): live(2)})
+    result = plan(job(), RUNNING, obs, NOW)
+    cond = condition(result, ConditionType.STORE_REACHABLE)
+    assert cond["status"] == "False" and cond["reason"] == Reason.STORE_UNREACHABLE
+    assert "1 of 2" in cond["message"] and "connect timed out" in cond["message"]
+    assert result.status["storeUnreachableSince"] == ago(0)
+    assert EventReason.STORE_UNREACHABLE in reasons(result)
+    assert not result.delete_pods  # one agent blind is its problem, not the store's
+    again = plan(job(), result.status, obs, NOW + dt.timedelta(seconds=60))
+    assert EventReason.STORE_UNREACHABLE not in reasons(again)
+    assert again.status["storeUnreachableSince"] == ago(0)
+    ok = observed(*pods, reports={wn(0): live(3), wn(1): live(3)})
+    back = plan(job(), again.status, ok, NOW + dt.timedelta(seconds=61))
+    assert condition(back, ConditionType.STORE_REACHABLE)["status"] == "True"
+    assert "storeUnreachableSince" not in back.status
+    assert EventReason.STORE_REACHABLE in reasons(back)
+
+
+@pytest.mark.parametrize(
+    ("blind_for", "store_age", "all_blind", "replaced"),
+    [
+        (25, 300, True, True),  # every agent blind past the bound: replace the store
+        (10, 300, True, False),  # not yet
+        (25, 5, True, False),  # the store pod is new (just replaced): give it time
+        (25, 300, False, False),  # some agent still reaches it: not the store's fault
+    ],
+)
+def test_store_pod_replaced_on_the_groups_verdict(
+    blind_for: float, store_age: float, all_blind: bool, replaced: bool
+) -> None:
+    reports = {wn(0): blind(), wn(1): blind() if all_blind else live(2)}
+    host = store(created=NOW - dt.timedelta(seconds=store_age))
+    obs = observed(worker(0), worker(1), host, reports=reports)
+    status = {**RUNNING, "rendezvousHost": host.name, "storeUnreachableSince": ago(blind_for)}
+    result = plan(job(), status, obs, NOW)
+    deletes = [(d.name, d.grace_s) for d in result.delete_pods]
+    assert deletes == ([(host.name, 5)] if replaced else [])
+    assert (EventReason.REPLACING_STORE in reasons(result)) is replaced
+    if all_blind and not replaced:
+        assert result.requeue_after is not None and result.requeue_after <= 20
+
+
+# --- refusals of child objects ---------------------------------------------------------
+
+
+def refusal(code: int, at: dt.datetime = NOW) -> Refusal:
+    msg = 'pods "demo-worker-0" is forbidden: violates PodSecurity "restricted:latest"'
+    return Refusal("Pod", wn(0), code, msg, at)
+
+
+def test_admission_refusal_is_a_condition_and_holds_creation() -> None:
+    obs = observed(refusals={wn(0): refusal(403)})
+    result = plan(job(), RUNNING, obs, NOW)
+    cond = condition(result, ConditionType.CHILDREN_ACCEPTED)
+    assert cond["status"] == "False" and "PodSecurity" in cond["message"]
+    assert "HTTP 403" in cond["message"]
+    assert EventReason.CREATE_REFUSED in reasons(result)
+    assert not result.create_pods
+    assert result.requeue_after == pytest.approx(10)
+    assert condition(result, ConditionType.AT_DESIRED_SIZE)["reason"] == Reason.CREATE_REFUSED
+    # after the retry delay: try again (the same refusal is not re-announced)
+    later = plan(
+        job(),
+        result.status,
+        observed(refusals={wn(0): refusal(403, NOW)}),
+        NOW + dt.timedelta(seconds=11),
+    )
+    assert len([p for p in later.create_pods if "worker" in p["metadata"]["name"]]) == 4
+    assert EventReason.CREATE_REFUSED not in reasons(later)
+    # accepted again: the condition turns True
+    ok = plan(job(), later.status, observed(), NOW + dt.timedelta(seconds=12))
+    assert condition(ok, ConditionType.CHILDREN_ACCEPTED)["status"] == "True"
+
+
+@pytest.mark.parametrize("code", [400, 422])
+def test_invalid_child_fails_the_job_fast(code: int) -> None:
+    result = plan(job(), RUNNING, observed(refusals={wn(0): refusal(code)}), NOW)
+    assert result.status["phase"] == Phase.FAILED
+    cond = condition(result, ConditionType.FAILED)
+    assert cond["reason"] == Reason.CHILD_REJECTED and f"HTTP {code}" in cond["message"]
+    assert not result.create_pods
+
+
+# --- paced creation -------------------------------------------------------------------
+
+
+def many(n: int, *, scheduled: int) -> list[PodView]:
+    return [
+        worker(
+            i, "Running" if i < scheduled else "Pending", node_name="n" if i < scheduled else None
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pods", "allowed", "capped"),
+    [
+        (many(0, scheduled=0), 16, False),  # first batch
+        (many(16, scheduled=0), 0, False),  # wait for the first batch to get nodes
+        (many(16, scheduled=16), 16, False),  # it did: as many again
+        (many(32, scheduled=32), 32, False),
+        (many(64, scheduled=40), 16, False),  # 24 unscheduled of a 40 window
+        (many(164, scheduled=100), 0, True),  # 64 wait for a node: the cap
+        (many(150, scheduled=100), 14, False),
+    ],
+)
+def test_pacing_budget(pods: list[PodView], allowed: int, capped: bool) -> None:
+    got = pacing.budget(pods, Settings())
+    assert (got.allowed, got.capped) == (allowed, capped)
+
+
+def test_large_job_is_created_in_batches_and_says_why_it_is_short() -> None:
+    big = job(minReplicas=1, maxReplicas=10000)
+    first = plan(big, {}, observed(), NOW)
+    workers = [p for p in first.create_pods if "worker" in p["metadata"]["name"]]
+    assert len(workers) == 16
+    pods = many(164, scheduled=100)
+    result = plan(big, {**RUNNING, "desiredReplicas": 10000}, observed(*pods), NOW)
+    assert not [p for p in result.create_pods if "worker" in p["metadata"]["name"]]
+    cond = condition(result, ConditionType.AT_DESIRED_SIZE)
+    assert cond["status"] == "False" and cond["reason"] == Reason.PENDING_CAP_REACHED
+    assert "64 pod(s) wait for a node" in cond["message"]
+    assert EventReason.PENDING_CAP_REACHED in reasons(result)
+    same = plan(big, result.status, observed(*pods), NOW)
+    assert EventReason.PENDING_CAP_REACHED not in reasons(same)
+
+
+def test_at_desired_size_true_when_all_run() -> None:
+    result = plan(job(), RUNNING, observed(*(worker(i) for i in range(4))), NOW)
+    cond = condition(result, ConditionType.AT_DESIRED_SIZE)
+    assert cond["status"] == "True" and cond["reason"] == Reason.DESIRED_SIZE_RUNNING
+
+
+# --- events carried in status until posted -----------------------------------------
+
+
+def test_events_stay_pending_in_status_until_posted() -> None:
+    first = plan(job(), {}, observed(), NOW)
+    pending = first.status["pendingEvents"]
+    assert [e["reason"] for e in pending] == [e.reason.value for e in first.events]
+    assert [e["id"] for e in pending] == list(range(1, len(pending) + 1))
+    # the operator died before posting: the next pass still carries them
+    pods = [worker(i) for i in range(4)]
+    again = plan(job(), first.status, observed(*pods), NOW)
+    assert [e["id"] for e in again.status["pendingEvents"]][: len(pending)] == [
+        e["id"] for e in pending
+    ]
+    # posted: dropped
+    posted = frozenset(e["id"] for e in again.status["pendingEvents"])
+    clean = plan(job(), again.status, observed(*pods, posted_events=posted), NOW)
+    assert "pendingEvents" not in clean.status
+    assert clean.status["eventSeq"] == again.status["eventSeq"]
+
+
+def test_pending_events_are_bounded() -> None:
+    new = [("Normal", "CreatedPod", f"m{i}") for i in range(50)]
+    pending, seq = events.carry({}, new, frozenset())
+    assert seq == 50 and len(pending) == events.MAX_PENDING
+    assert pending[-1]["message"] == "m49"
+    assert events.due({"pendingEvents": pending}, frozenset(range(1, 49))) == pending[-2:]
+
+
+@pytest.mark.parametrize(("past_deadline", "forced"), [(31, True), (10, False)])
+def test_fenced_pod_that_never_terminates_is_forced(past_deadline: float, forced: bool) -> None:
+    """Its kubelet never confirms (the machine froze): forced after grace + the wait."""
+    stuck = worker(
+        2,
+        created=NOW - dt.timedelta(seconds=120),
+        deletion=NOW - dt.timedelta(seconds=past_deadline),
+    )
+    status = {**RUNNING, "lostVerdicts": [{"pod": wn(2), "round": 3, "since": ago(60)}]}
+    obs = observed(worker(0), worker(1), stuck, reports={wn(0): lost_by(3, wn(2))})
+    result = plan(job(), status, obs, NOW)
+    assert [(d.name, d.force) for d in result.delete_pods] == ([(wn(2), True)] if forced else [])
+    assert (EventReason.FORCE_DELETED in reasons(result)) is forced
+    if not forced:
+        assert result.requeue_after == pytest.approx(30 - past_deadline)
