@@ -19,10 +19,11 @@ reader sees the old or the new file, never half of one), then records
 * when the fence (``fence.check``) says this process's round is no longer
   current: the member was declared lost, froze past its lease, or its agent
   moved on -- the live group owns the checkpoint now;
-* when the checkpoint on disk is newer (``may_replace``): from a newer round
-  of the same store incarnation, or from a higher step. A newer round wins
-  over a higher step: the live group re-formed from an older checkpoint
-  and its state replaces anything a departed member wrote.
+* when the checkpoint on disk is newer (``may_replace``): from a higher
+  step (training progress is never thrown away, whoever wrote it), or from
+  a newer round of the same store incarnation (a member of an older round,
+  woken up, never writes over the group that replaced it, even at a
+  higher step).
 """
 
 from __future__ import annotations
@@ -69,21 +70,22 @@ class CheckpointMeta:
 def may_replace(current: CheckpointMeta | None, new: CheckpointMeta) -> bool:
     """Whether ``new`` may replace ``current`` on disk (pure).
 
-    Rounds are compared only within one store incarnation (and when both
-    are known): a newer round always wins, an older one never does, and
-    within a round the step decides. Otherwise the step decides. Equal
-    keys may replace (a final save at the step of a periodic one).
+    Never a lower step. Never an older round, where rounds compare: same
+    store incarnation, both known (a restarted c10d store numbers rounds
+    from 0 again). Equal keys may replace (a final save at the step of a
+    periodic one).
     """
     if current is None:
         return True
-    if (
-        current.incarnation
+    if new.step < current.step:
+        return False
+    same_numbering = (
+        bool(current.incarnation)
         and current.incarnation == new.incarnation
         and current.round >= 0
         and new.round >= 0
-    ):
-        return (new.round, new.step) >= (current.round, current.step)
-    return new.step >= current.step
+    )
+    return not (same_numbering and new.round < current.round)
 
 
 def _torch_save(obj: Any, path: Path) -> None:

@@ -99,7 +99,8 @@ M = CheckpointMeta
         (None, M(1, 0, "a"), True),
         (M(640, 5, "a"), M(101, 4, "a"), False),  # the bug of issue 11: old round, lower step
         (M(100, 5, "a"), M(105, 4, "a"), False),  # an older round never wins, even ahead
-        (M(105, 4, "a"), M(101, 5, "a"), True),  # the live group's newer round wins
+        (M(105, 4, "a"), M(101, 5, "a"), False),  # never a lower step, whoever writes
+        (M(105, 4, "a"), M(105, 5, "a"), True),  # the newer round at the same step
         (M(50, 5, "a"), M(49, 5, "a"), False),  # same round: the step decides
         (M(50, 5, "a"), M(50, 5, "a"), True),  # equal: a final save may repeat a periodic one
         (M(50, 9, "old"), M(51, 0, "new"), True),  # new store, rounds restart: steps decide
@@ -140,8 +141,11 @@ def test_checkpointer_orders_and_fences(tmp_path: Path) -> None:
     assert sorted(p.name for p in ckpt_dir.iterdir()) == [".lock", "latest.pt", "latest.pt.meta"]
     lease.grant(3, "inc", time.monotonic())
     newer = Checkpointer(ckpt_dir, _json_save, _json_load, lease.worker_env(3))
-    assert newer.save(5, {"w": 4})  # the next round wins over a higher step
-    assert newer.current_meta() == M(5, 3, "inc")
+    assert not newer.save(5, {"w": 4})  # a newer round, but behind the step on disk
+    assert newer.save(11, {"w": 5})
+    assert newer.current_meta() == M(11, 3, "inc")
+    lease.grant(2, "inc", time.monotonic())  # a member of round 2 that is current again
+    assert not ckpt.save(12, {"w": 6})  # never over a newer round, even ahead
 
 
 def test_checkpointer_reads_a_checkpoint_without_metadata(tmp_path: Path) -> None:
