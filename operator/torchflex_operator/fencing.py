@@ -14,9 +14,9 @@ their reports:
   grace ends) and replaced. Its loss is infrastructure, never counted
   against ``backoffLimit``.
 * ``store_error``: an agent cannot reach its rendezvous store. Any such
-  report makes the ``RendezvousStoreReachable`` condition False; when every
-  answering agent has reported it for longer than a bound while the store
-  pod runs, that pod has stopped serving and is replaced.
+  report makes the ``RendezvousStoreReachable`` condition False; when most
+  answering agents report it and errors have lasted longer than a bound
+  while the store pod runs, that pod has stopped serving and is replaced.
 """
 
 from __future__ import annotations
@@ -113,9 +113,14 @@ class StoreHealth:
         return bool(self.blind)
 
     @property
-    def all_blind(self) -> bool:
-        """Every answering agent is blind: the group's verdict on the store itself."""
-        return bool(self.blind) and len(self.blind) == self.reporting
+    def majority_blind(self) -> bool:
+        """Most answering agents are blind: the group's verdict on the store itself.
+
+        Not all: an agent that just started (a replacement) has not tried the
+        store yet and reports no error; one blind agent of two is as likely
+        its own network's problem.
+        """
+        return 2 * len(self.blind) > self.reporting
 
     @property
     def message(self) -> str:

@@ -32,7 +32,7 @@ class Settings:
     fence_grace_s: int = 5
     """Grace period when deleting a pod the group declared lost, or a silent store pod."""
     store_replace_after_s: float = 20.0
-    """Every answering agent blind to the store this long: the store pod is replaced."""
+    """Store errors reported this long, by most answering agents now: the store pod is replaced."""
     refusal_retry_s: float = 10.0
     """After the API refused a create with a 403 (admission), wait this long to retry."""
     operator_namespace: str | None = None

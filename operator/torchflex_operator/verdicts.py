@@ -159,8 +159,11 @@ def store_liveness(p: _Pass) -> None:
     health = fencing.store_health(p.workers, p.obs.reports)
     ctype = ConditionType.STORE_REACHABLE
     if not health.unreachable:
-        if get_condition(p.conds, ctype) is None and not health.reporting:
-            return  # no agent has said anything yet
+        running = sum(1 for w in p.workers if w.running)
+        if 2 * health.reporting <= running:
+            # Too few answers to clear it (agents stuck in a store call may not
+            # answer; a replacement that has not tried the store says nothing).
+            return
         if _turns(p, ctype, True):
             if get_condition(p.conds, ctype) is not None:
                 p.plan.event(
@@ -185,7 +188,7 @@ def store_liveness(p: _Pass) -> None:
         p.conds, ctype, status=False, reason=Reason.STORE_UNREACHABLE, message=message, now=p.now
     )
     host = _host(p)
-    if not health.all_blind or host is None or not host.running:
+    if not health.majority_blind or host is None or not host.running:
         return
     bound = p.settings.store_replace_after_s
     host_age = (p.now - host.created).total_seconds() if host.created else bound
@@ -197,8 +200,8 @@ def store_liveness(p: _Pass) -> None:
     p.plan.event(
         EventType.WARNING,
         EventReason.REPLACING_STORE,
-        f"every reporting agent has been unable to reach the rendezvous store for "
-        f"{since:.0f}s while pod {host.name} runs: replacing it",
+        f"agents have been unable to reach the rendezvous store for {since:.0f}s "
+        f"({health.message}) while pod {host.name} runs: replacing it",
     )
 
 

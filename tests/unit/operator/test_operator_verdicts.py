@@ -254,26 +254,27 @@ def test_store_error_sets_condition_and_event_once() -> None:
 
 
 @pytest.mark.parametrize(
-    ("blind_for", "store_age", "all_blind", "replaced"),
+    ("blind_for", "store_age", "blind_of_3", "replaced"),
     [
-        (25, 300, True, True),  # every agent blind past the bound: replace the store
-        (10, 300, True, False),  # not yet
-        (25, 5, True, False),  # the store pod is new (just replaced): give it time
-        (25, 300, False, False),  # some agent still reaches it: not the store's fault
+        (25, 300, 3, True),  # every agent blind past the bound: replace the store
+        (25, 300, 2, True),  # most are (the third just started, it has not tried yet)
+        (10, 300, 3, False),  # not yet
+        (25, 5, 3, False),  # the store pod is new (just replaced): give it time
+        (25, 300, 1, False),  # most still reach it: not the store's fault
     ],
 )
 def test_store_pod_replaced_on_the_groups_verdict(
-    blind_for: float, store_age: float, all_blind: bool, replaced: bool
+    blind_for: float, store_age: float, blind_of_3: int, replaced: bool
 ) -> None:
-    reports = {wn(0): blind(), wn(1): blind() if all_blind else live(2)}
+    reports = {wn(i): blind() if i < blind_of_3 else live(-1) for i in range(3)}
     host = store(created=NOW - dt.timedelta(seconds=store_age))
-    obs = observed(worker(0), worker(1), host, reports=reports)
+    obs = observed(worker(0), worker(1), worker(2), host, reports=reports)
     status = {**RUNNING, "rendezvousHost": host.name, "storeUnreachableSince": ago(blind_for)}
     result = plan(job(), status, obs, NOW)
     deletes = [(d.name, d.grace_s) for d in result.delete_pods]
     assert deletes == ([(host.name, 5)] if replaced else [])
     assert (EventReason.REPLACING_STORE in reasons(result)) is replaced
-    if all_blind and not replaced:
+    if blind_of_3 > 1 and not replaced:
         assert result.requeue_after is not None and result.requeue_after <= 20
 
 
@@ -413,3 +414,18 @@ def test_fenced_pod_that_never_terminates_is_forced(past_deadline: float, forced
     assert (EventReason.FORCE_DELETED in reasons(result)) is forced
     if not forced:
         assert result.requeue_after == pytest.approx(30 - past_deadline)
+
+
+def test_store_condition_clears_only_when_most_agents_answer_clean() -> None:
+    pods = [worker(0), worker(1), worker(2)]
+    down = plan(job(), RUNNING, observed(*pods, reports={wn(0): blind(), wn(1): blind()}), NOW)
+    since = down.status["storeUnreachableSince"]
+    # Only a fresh replacement answers (no error: it has not tried the store yet).
+    quiet = observed(*pods, reports={wn(2): live(-1)})
+    still = plan(job(), down.status, quiet, NOW + dt.timedelta(seconds=5))
+    assert condition(still, ConditionType.STORE_REACHABLE)["status"] == "False"
+    assert still.status["storeUnreachableSince"] == since
+    assert EventReason.STORE_REACHABLE not in reasons(still)
+    clean = observed(*pods, reports={wn(0): live(3), wn(1): live(3)})
+    back = plan(job(), still.status, clean, NOW + dt.timedelta(seconds=6))
+    assert condition(back, ConditionType.STORE_REACHABLE)["status"] == "True"
