@@ -211,6 +211,12 @@ class Reconciler:
             exp_key, self.cache.job_pods(key), now, self.cache.seen_uids(key)
         )
         reports = await self.poller.reports(key, pods)
+        # A refusal is re-recorded on every refused retry (each refusal_retry_s);
+        # one not renewed for three of those is about an object no longer wanted.
+        stale = now - dt.timedelta(seconds=3 * self.settings.refusal_retry_s)
+        refused = self._refusals.get(key, {})
+        for name in [n for n, r in refused.items() if r.at < stale]:
+            del refused[name]
         return Observed(
             pods=tuple(pods),
             services=self.cache.job_services(key),
