@@ -82,13 +82,40 @@ go_install() {
   GOBIN="$bin_dir" go install -ldflags "-s -w ${3:-}" "$pkg"
 }
 
+# helm's own Makefile stamps the Kubernetes version its client-go speaks
+# (client-go v0.N -> v1.N) into chartutil and the lint rules; without it a
+# `go install` build defaults to v1.20.0 and refuses any chart whose
+# kubeVersion asks for more. The stamp file makes a helm built without these
+# flags (an older cache) rebuild once.
+build_helm() {
+  local mod client_go major minor flags stamp="$bin_dir/.helm-ldflags"
+  mod="$(cd / && go mod download -json "helm.sh/helm/v3@${HELM_VERSION}" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+  client_go="$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "$mod")"
+  [[ "$client_go" =~ ^v0\.([0-9]+)\. ]] || { log "no client-go version in $mod"; return 1; }
+  major=1 minor="${BASH_REMATCH[1]}"
+  flags="-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+  flags+=" -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$major -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$minor"
+  flags+=" -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=$major -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$minor"
+  if [[ -x "$bin_dir/helm" && "$(cat "$stamp" 2>/dev/null)" == "$flags" ]]; then
+    return 0
+  fi
+  log "building helm ${HELM_VERSION} (Kubernetes v$major.$minor)"
+  local tmp
+  tmp="$(mktemp -d "$bin_dir/.helm-build.XXXXXX")"
+  GOBIN="$tmp" go install -ldflags "-s -w $flags" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+  # A rename: tests using the previous binary meanwhile never see half a file.
+  mv "$tmp/helm" "$bin_dir/helm"
+  rmdir "$tmp"
+  echo "$flags" > "$stamp"
+}
+
 build_etcd
 build_k8s kube-apiserver
 build_k8s kube-controller-manager
 build_k8s kube-scheduler
 go_install kwok "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}"
 go_install kwokctl "sigs.k8s.io/kwok/cmd/kwokctl@${KWOK_VERSION}" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}"
-go_install helm "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}" "-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+build_helm
 build_knp
 
 echo "$bin_dir"

@@ -22,7 +22,8 @@ from e2e.toolchain.versions import KUBERNETES_VERSION
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "torchflex"
 RELEASE = "tf"
-# helm's offline default is v1.20; render for the version the local control plane runs.
+# Render for the exact version the local control plane runs (the pinned helm's
+# own default is its client-go minor, see test_helm_build.py).
 KUBE = ("--kube-version", KUBERNETES_VERSION)
 NAMESPACE = "torchflex-system"
 
