@@ -8,13 +8,17 @@ lines and prefixes each worker line with ``[rank R]``; the example script
 prints ``step=N loss=X world=W rank=R sps=S``, ``checkpoint step=N`` and
 ``resumed from step=N``. :class:`LogFollower` tails every log of a namespace
 and stamps each line with the time it was seen, so scenarios can order
-rounds in time and measure recoveries.
+rounds in time and measure recoveries. :class:`CheckpointWatcher` records
+every checkpoint that lands on disk (the metadata file
+``torchflex_agent.checkpoint`` writes beside ``latest.pt``), so a scenario
+can show that no checkpoint ever went backwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import re
 import threading
 import time
@@ -24,7 +28,8 @@ from typing import Final
 
 _ROUND: Final = re.compile(r"round (\d+): node rank (\d+) of (\d+), world size (\d+)")
 _STEP: Final = re.compile(r"step=(\d+) loss=([-\d.e+naif]+) world=(\d+) rank=(\d+)")
-_CKPT: Final = re.compile(r"checkpoint step=(\d+)")
+# "checkpoint step=N refused: ..." (torchflex_agent.checkpoint's warning) is no checkpoint.
+_CKPT: Final = re.compile(r"checkpoint step=(\d+)\b(?! refused)")
 _RESUMED: Final = re.compile(r"resumed from step=(\d+)")
 _PREFIX: Final = re.compile(r"^\[rank (\d+)\] ")
 
@@ -241,3 +246,103 @@ class LogFollower:
             parsed.append(line)
         with self._lock:
             self._lines.extend(parsed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Landed:
+    """One checkpoint seen on disk."""
+
+    seen: float
+    step: int
+    round: int
+    incarnation: str
+
+
+def checkpoint_regressions(landed: list[Landed]) -> list[str]:
+    """Every checkpoint that replaced one with a higher step (empty = none).
+
+    Training progress is the step: a checkpoint behind one already on disk
+    throws work away, whoever wrote it (typically a member the group has
+    already replaced, waking up with its old state).
+    """
+    problems = []
+    best: Landed | None = None
+    for item in sorted(landed, key=lambda x: x.seen):
+        if best is not None and item.step < best.step:
+            problems.append(
+                f"checkpoint went back from step {best.step} (round {best.round}) to step "
+                f"{item.step} (round {item.round}) at {item.seen:.1f}"
+            )
+        if best is None or item.step >= best.step:
+            best = item
+    return problems
+
+
+def checkpoint_line_regressions(lines: list[Line], slack_s: float = 0.5) -> list[str]:
+    """``checkpoint step=N`` log lines behind one logged clearly earlier (empty = none)."""
+    ckpts = sorted((ln for ln in lines if ln.kind == "checkpoint"), key=lambda ln: ln.seen)
+    problems = []
+    for line in ckpts:
+        earlier = [c.step for c in ckpts if c.seen + slack_s < line.seen]
+        if earlier and line.step < max(earlier):
+            problems.append(
+                f"{line.pod} logged checkpoint step={line.step} after step={max(earlier)} "
+                f"had been saved"
+            )
+    return problems
+
+
+class CheckpointWatcher:
+    """Polls ``<dir>/latest.pt.meta`` in a thread and records each new checkpoint."""
+
+    META = "latest.pt.meta"
+
+    def __init__(self, ckpt_dir: Path, poll_s: float = 0.05) -> None:
+        self._path = ckpt_dir / self.META
+        self._poll_s = poll_s
+        self._lock = threading.Lock()
+        self._landed: list[Landed] = []
+        self._last: tuple[int, int, int] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ckpt-watcher")
+
+    def __enter__(self) -> CheckpointWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def landed(self) -> list[Landed]:
+        with self._lock:
+            return list(self._landed)
+
+    def regressions(self) -> list[str]:
+        self.poll()
+        return checkpoint_regressions(self.landed())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            self.poll()
+
+    def poll(self) -> None:
+        try:
+            st = self._path.stat()
+            raw = json.loads(self._path.read_text())
+        except (OSError, ValueError):
+            return
+        # A rename gives a new inode even when size and mtime look the same.
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._lock:
+            if key == self._last:
+                return
+            self._last = key
+            self._landed.append(
+                Landed(
+                    time.monotonic(),
+                    int(raw.get("step", -1)),
+                    int(raw.get("round", -1)),
+                    str(raw.get("incarnation", "")),
+                )
+            )

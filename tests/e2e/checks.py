@@ -14,8 +14,13 @@ import pytest
 import yaml
 
 from e2e.cluster import Cluster
-from e2e.trainlog import LogFollower, progress_violations
-from e2e.workload import PROCESS_NODE, get_job, job_events
+from e2e.trainlog import (
+    CheckpointWatcher,
+    LogFollower,
+    checkpoint_line_regressions,
+    progress_violations,
+)
+from e2e.workload import PROCESS_NODE, get_job, job_events, worker_pods
 from tests.support import wait_for
 
 
@@ -118,6 +123,45 @@ def assert_progress_sound(follower: LogFollower) -> None:
     follower.poll()
     problems = progress_violations(follower.lines())
     assert not problems, "\n".join(problems)
+
+
+def assert_checkpoints_never_backwards(watcher: CheckpointWatcher, follower: LogFollower) -> None:
+    """No checkpoint on disk replaced a newer one, and no pod logged a save
+    behind one logged before it."""
+    follower.poll()
+    problems = watcher.regressions() + checkpoint_line_regressions(follower.lines())
+    assert watcher.landed(), "no checkpoint was ever written"
+    assert not problems, "\n".join(problems)
+
+
+def pod_of_rank(follower: LogFollower, rank: int) -> str:
+    """The pod whose worker trains as ``rank`` in the newest round that trained."""
+    steps = follower.lines("step")
+    newest = max(ln.round for ln in steps)
+    pods = {ln.pod for ln in steps if ln.round == newest and ln.rank == rank}
+    assert len(pods) == 1, f"rank {rank} in round {newest}: pods {sorted(pods)}"
+    return pods.pop()
+
+
+def wait_replaced(
+    cluster: Cluster, ns: str, job: str, pod: str, *, old_uid: str, timeout_s: float
+) -> float:
+    """Wait until ``pod`` runs again under a new UID; returns when that was seen."""
+    wait_for(
+        lambda: any(
+            p["metadata"]["name"] == pod
+            and p["metadata"]["uid"] != old_uid
+            and p.get("status", {}).get("phase") == "Running"
+            for p in worker_pods(cluster, ns, job)
+        ),
+        timeout_s,
+        f"{pod} replaced and running",
+    )
+    return time.monotonic()
+
+
+def uid_of(cluster: Cluster, ns: str, pod: str) -> str:
+    return str(cluster.get_json("pod", pod, "-n", ns)["metadata"]["uid"])
 
 
 def event_reasons(cluster: Cluster, ns: str, name: str) -> list[str]:
