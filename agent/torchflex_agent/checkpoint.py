@@ -41,6 +41,8 @@ from typing import Any
 from torchflex_agent import fence
 
 log = logging.getLogger(__name__)
+# Refusals are logged as "save of step N refused: ...", never "checkpoint step=N":
+# log readers (e2e.trainlog, the benchmarks) count that phrase as a save.
 
 CKPT_NAME = "latest.pt"
 _META_SUFFIX = ".meta"
@@ -147,7 +149,7 @@ class Checkpointer:
         tmp = self.directory / f".{CKPT_NAME}.{os.getpid()}.tmp"
         first = fence.check(self._environ)
         if not first.verdict.may_write:
-            log.warning("checkpoint step=%d refused: fenced (%s)", step, first.verdict.value)
+            log.warning("save of step %d refused: fenced (%s)", step, first.verdict.value)
             return False
         self._save_fn({**payload, "step": step}, tmp)
         try:
@@ -157,12 +159,12 @@ class Checkpointer:
                 # longer than what was left of the lease.
                 now = fence.check(self._environ)
                 if not now.verdict.may_write:
-                    log.warning("checkpoint step=%d refused: fenced (%s)", step, now.verdict.value)
+                    log.warning("save of step %d refused: fenced (%s)", step, now.verdict.value)
                     return False
                 new = CheckpointMeta(step, now.round, now.incarnation)
                 current = self.current_meta()
                 if not may_replace(current, new):
-                    log.warning("checkpoint step=%d refused: %s on disk is newer", step, current)
+                    log.warning("save of step %d refused: %s on disk is newer", step, current)
                     return False
                 os.replace(tmp, self.path)
                 _write_atomic(self.meta_path, new.to_json())

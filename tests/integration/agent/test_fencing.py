@@ -203,6 +203,52 @@ def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
 
 
 @pytest.mark.timeout(240)
+def test_workers_of_a_frozen_agent_fence_themselves(fjob: FenceJob) -> None:
+    """Only the agent freezes: its workers run on, and must stop writing by themselves."""
+    fjob.start_store()
+    logs = [fjob.start_agent(fjob.train_args(steps=3000), "2:3") for _ in range(3)]
+    for log in logs:
+        log.wait_for(lambda s: bool(re.search(r"step=8 .*world=3 ", s)), 120)
+    victim = next(log for log in logs if node_rank(log) == 0)  # hosts global rank 0
+    survivors = [log for log in logs if log is not victim]
+    landed: list[CheckpointMeta] = []
+    fjob.frozen = [victim.proc.pid]
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    for log in survivors:
+        log.wait_for(lambda s: bool(re.search(r"step=\d+ .*world=2 ", s)), 60, after=frozen_at)
+
+    def new_checkpoint() -> bool:
+        meta = fjob.ckpt_meta()
+        if not landed or meta != landed[-1]:
+            landed.append(meta)
+        return any(m.round > 0 for m in landed)
+
+    wait_until(new_checkpoint, 60, "a checkpoint of the re-formed group")
+    woke_at = time.monotonic()
+    os.kill(victim.proc.pid, signal.SIGCONT)
+    fjob.frozen = []
+    victim.wait_for(lambda s: "fenced" in s, 30, after=woke_at)
+    # Its worker (rank 0 of round 0) tried to save when its peers vanished, after
+    # its lease had run out: refused by the worker itself, not by its agent.
+    _, refused = victim.wait_for(lambda s: "save refused" in s, 30)
+    assert "[rank 0]" in refused
+    assert re.search(
+        r"save of step \d+ refused: fenced \((expired|revoked|other-round)\)", victim.text()
+    )
+    for log in logs:
+        log.wait_for(lambda s: bool(re.search(r"step=\d+ .*world=3 ", s)), 90, after=woke_at)
+    new_checkpoint()
+    keys = [(m.round, m.step) for m in landed]
+    assert keys == sorted(keys), keys
+    print(f"\nFROZEN_AGENT refused: {refused!r}; checkpoints seen: {keys}")
+    for log in logs:
+        log.proc.send_signal(signal.SIGTERM)
+    for log in logs:
+        assert log.proc.wait(60) == ExitCode.PREEMPTED
+
+
+@pytest.mark.timeout(240)
 def test_frozen_store_detected_reported_and_training_resumes(fjob: FenceJob) -> None:
     fjob.start_store()
     logs = [fjob.start_agent(fjob.train_args(steps=3000), "2:2") for _ in range(2)]
