@@ -20,6 +20,7 @@ all there, ``rdzv_logic.expected_next``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -29,13 +30,16 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchflex_agent.config import AgentConfig
+from torchflex_agent.connecting import Connect, open_store
 from torchflex_agent.errors import (
+    CommandNotRunnableError,
     JobFailedError,
+    LaunchError,
     PermanentError,
     RendezvousClosedError,
     RendezvousTimeoutError,
@@ -73,6 +77,7 @@ from torchflex_agent.workers import (
     GroupState,
     LaunchContext,
     WorkerGroup,
+    command_problem,
     set_pdeathsig,
     worker_base_env,
 )
@@ -98,9 +103,9 @@ _FAILURE_PROBE_S = 0.5
 _STORE_LOST_STOP_GRACE_S = 1.0
 # Longest wait for the worker fork server's imports before joining anyway.
 _WARMUP_WAIT_S = 120.0
-
-Connect = Callable[[float], KVStore]
-"""Opens a store connection, retrying until the given ``time.monotonic()`` deadline."""
+# Longest an agent with an unrunnable command tries to reach the store to
+# mark the job failed before it exits anyway.
+_MARK_FAILED_CONNECT_S = 5.0
 
 
 class _AgentExitError(Exception):
@@ -137,7 +142,11 @@ class ElasticAgent:
         self._report = AgentReport(state=AgentState.INIT)
         self._error_dir = Path(tempfile.mkdtemp(prefix="torchflex-errors-"))
         self._settings = RendezvousSettings(
-            config.min_nodes, config.max_nodes, config.last_call, config.join_timeout
+            config.min_nodes,
+            config.max_nodes,
+            config.last_call,
+            config.join_timeout,
+            config.liveness_timeout,
         )
         self._liveness = LivenessSettings(config.heartbeat_interval, config.liveness_timeout)
         self._lease = Lease(
@@ -170,6 +179,7 @@ class ElasticAgent:
 
     def run(self) -> int:
         try:
+            self._check_command()
             self._start_helpers()
             code, message = self._run(), ""
         except _AgentExitError as exc:
@@ -264,13 +274,51 @@ class ElasticAgent:
             self._master_store.close()
             self._master_store = None
 
-    def _open_store(self, why: str) -> KVStore:
+    def _open_store(self, why: str, timeout: float | None = None) -> KVStore:
+        """Connect within ``timeout`` (default: the join timeout); SIGTERM ends it (exit 75)."""
+        deadline = time.monotonic() + (self.config.join_timeout if timeout is None else timeout)
         try:
-            return self._connect(time.monotonic() + self.config.join_timeout)
+            return open_store(
+                self._connect,
+                what=f"{self.config.store_name} ({why})",
+                deadline=deadline,
+                stop=self._terminating,
+                on_error=lambda error: self._update(store_error=error),
+            )
+        except RendezvousInterruptedError as exc:
+            log.info("%s", exc)
+            raise _AgentExitError(ExitCode.PREEMPTED) from exc
         except StoreUnavailableError as exc:
-            raise _AgentExitError(
-                ExitCode.INFRA_ERROR, f"rendezvous store unreachable ({why}): {exc}"
-            ) from exc
+            raise _AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
+
+    def _check_command(self) -> None:
+        """Before anything else: a command that cannot start fails the job now (exit 127)."""
+        problem = command_problem(self.config.command, self._environ)
+        if problem is None:
+            return
+        try:
+            store = self._open_store("to mark the job failed", _MARK_FAILED_CONNECT_S)
+        except _AgentExitError as exc:
+            log.warning("job not marked failed in the store: %s", exc.message or "SIGTERM")
+        else:
+            node = NodeDescriptor(self.node_id, self.config.node_addr, 0, self._nproc)
+            self._fail_job(Rendezvous(store, self.config.run_id, node, self._settings), problem)
+            store.close()
+        raise _AgentExitError(ExitCode.BAD_COMMAND, problem)
+
+    def _fail_job(self, rdzv: Rendezvous, problem: str, round_no: int | None = None) -> None:
+        """Close the job's rendezvous as failed (and end our round): nothing will run.
+
+        Other agents stop at their next store read instead of re-forming to
+        try the same command, and replacements exit at once instead of
+        waiting for a round that cannot train.
+        """
+        try:
+            rdzv.close_job("failed", problem)
+            if round_no is not None:
+                rdzv.mark_stale(round_no, RestartReason.WORKER_FAILED, problem)
+        except StoreUnavailableError as exc:
+            log.warning("job not marked failed in the store: %s", exc)
 
     def _run(self) -> ExitCode:
         store = self._open_store("startup")
@@ -283,6 +331,7 @@ class ElasticAgent:
             self._update(state=AgentState.RENDEZVOUS)
             self._await_warm_workers()
             rdzv.node = self._descriptor()
+            log.info("joining the rendezvous (round >= %d)", min_round)
             started = time.monotonic()
             try:
                 result = rdzv.next_round(min_round, stop=self._terminating, expected=expected)
@@ -370,7 +419,15 @@ class ElasticAgent:
         env = {**self._environ, **self._lease.worker_env(result.round)}
         group = WorkerGroup(self.config.command, result, ctx, env, self._fork)
         try:
-            group.start()
+            try:
+                group.start()
+            except CommandNotRunnableError as exc:
+                self._fail_job(rdzv, str(exc), result.round)
+                raise _AgentExitError(ExitCode.BAD_COMMAND, str(exc)) from exc
+            except LaunchError as exc:
+                with contextlib.suppress(StoreUnavailableError):
+                    rdzv.mark_stale(result.round, RestartReason.MEMBER_LEFT, str(exc))
+                raise _AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
             log.info(
                 "round %d: started workers (%d forked warm), pids %s",
                 result.round,

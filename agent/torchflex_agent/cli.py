@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -45,7 +46,11 @@ def connect_store(config: AgentConfig, deadline: float, memory: MemoryStore | No
         from torchflex_agent.store_tcp import connect_with_retry
 
         ep = config.endpoints[0]
-        return connect_with_retry(ep.host, ep.port, deadline)
+        try:
+            return connect_with_retry(ep.host, ep.port, deadline)
+        except StoreUnavailableError as exc:
+            # c10d says only "timed out ... while trying to connect"; say why.
+            raise StoreUnavailableError(f"{exc} ({tcp_cause(ep.host, ep.port)})") from exc
     from torchflex_agent.store_etcd import connect_etcd_with_retry
 
     tls = None
@@ -58,6 +63,23 @@ def connect_store(config: AgentConfig, deadline: float, memory: MemoryStore | No
     return connect_etcd_with_retry(endpoints, tls, deadline)
 
 
+def tcp_cause(host: str, port: int, timeout: float = 1.0) -> str:
+    """What a plain TCP connect to the store sees: refused, timed out, no such host, or fine."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return "TCP connect works: the store accepts but does not answer"
+    except TimeoutError:
+        return f"TCP connect: no answer within {timeout:g}s"
+    except OSError as exc:
+        return f"TCP connect: {exc.strerror or exc}"
+
+
+def _usage_error(message: str) -> int:
+    print(f"torchflex-agent: error: {message}", file=sys.stderr)
+    print(USAGE_HINT, file=sys.stderr)
+    return int(ExitCode.USAGE)
+
+
 def _run_agent(config: AgentConfig, environ: Mapping[str, str]) -> int:
     from torchflex_agent.agent import ElasticAgent
     from torchflex_agent.health import HealthServer
@@ -65,8 +87,7 @@ def _run_agent(config: AgentConfig, environ: Mapping[str, str]) -> int:
     try:
         nproc = resolve_nproc(config.nproc_spec, environ.get(tfenv.GPU_LIMIT), _cuda_count)
     except ConfigError as exc:
-        print(f"torchflex-agent: error: {exc}", file=sys.stderr)
-        return int(ExitCode.USAGE)
+        return _usage_error(str(exc))
     memory = MemoryStore() if config.rdzv_backend == "memory" else None
     agent = ElasticAgent(
         config, lambda deadline: connect_store(config, deadline, memory), nproc, environ
@@ -82,11 +103,7 @@ def _run_agent(config: AgentConfig, environ: Mapping[str, str]) -> int:
         try:
             health = HealthServer(config.health_host, config.health_port, agent.report)
         except OSError as exc:
-            print(
-                f"torchflex-agent: error: --health-port {config.health_port}: {exc}",
-                file=sys.stderr,
-            )
-            return int(ExitCode.USAGE)
+            return _usage_error(f"--health-port {config.health_port}: {exc}")
         health.start()
     try:
         return agent.run()
@@ -108,14 +125,16 @@ def main(argv: list[str] | None = None) -> int:
     command = args[args.index("--") + 1 :] if "--" in args else []
     if command and os.path.basename(command[0]) == "torchrun":
         # Compatibility mode: the user asked for stock torchrun; get out of the way.
-        os.execvp(command[0], command)
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            print(f"torchflex-agent: error: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+            return int(ExitCode.BAD_COMMAND)
     environ = dict(os.environ)
     try:
         config = parse_args(args, environ)
     except ConfigError as exc:
-        print(f"torchflex-agent: error: {exc}", file=sys.stderr)
-        print(USAGE_HINT, file=sys.stderr)
-        return int(ExitCode.USAGE)
+        return _usage_error(str(exc))
     # c10d logs every failed connect attempt with a C++ stack; our own
     # messages say what matters. Workers get the user's original setting.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")

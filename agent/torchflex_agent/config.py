@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +54,15 @@ class AgentConfig:
     prewarm: bool = True
     """Fork Python workers from a fork server that imported torch ahead of time."""
 
+    @property
+    def store_name(self) -> str:
+        """The rendezvous store as logs name it: backend and endpoints."""
+        if self.rdzv_backend == "etcd":
+            where = ",".join(f"{e.protocol}://{e.host}:{e.port}" for e in self.endpoints)
+        else:
+            where = ",".join(f"{e.host}:{e.port}" for e in self.endpoints)
+        return f"the {self.rdzv_backend} rendezvous store {where}".rstrip()
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -75,12 +85,20 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+MAX_NPROC = 1024
+"""Most workers one agent starts. Above any node's GPU count (16 at most today)
+and the hardware threads of a two-socket server (768), where more processes
+only contend; low enough that a typo (``--nproc-per-node 10000``) is refused
+instead of forking ten thousand interpreters (each costs the agent 2 pipes
+and 2 log threads too)."""
+
+
 def check_nproc(text: str) -> str:
     if text in ("auto", "gpu", "cpu"):
         return text
-    if text.isdigit() and int(text) >= 1:
+    if text.isdigit() and 1 <= int(text) <= MAX_NPROC:
         return text
-    raise ConfigError(f"--nproc-per-node: expected auto|gpu|cpu|N>=1, got {text!r}")
+    raise ConfigError(f"--nproc-per-node: expected auto|gpu|cpu|N (1..{MAX_NPROC}), got {text!r}")
 
 
 _HOSTPORT = re.compile(
@@ -114,14 +132,36 @@ def parse_endpoints(text: str, backend: str) -> tuple[Endpoint, ...]:
     return tuple(out)
 
 
-def _number(flag: str, conv: Callable[[str], _T], low: float) -> Callable[[str], _T]:
+MAX_SECONDS = 86_400.0
+"""Upper bound of every duration flag that takes no ``inf``: a day. Larger
+values are typos, and some would overflow a thread wait (``OverflowError``)."""
+
+
+def _plain(x: float) -> str:
+    """1000000, not 1e+06; 0.05 as it is."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _number(
+    flag: str, conv: Callable[[str], _T], low: float, high: float, *, inf_ok: bool = False
+) -> Callable[[str], _T]:
+    """A parser for a number in ``[low, high]``; NaN never, ``inf`` only if ``inf_ok``."""
+
     def parse(text: str) -> _T:
         try:
             value = conv(text)
         except ValueError:
             raise ConfigError(f"{flag}: not a number: {text!r}") from None
-        if float(value) < low:  # type: ignore[arg-type]
-            raise ConfigError(f"{flag}: must be >= {low:g}, got {text!r}")
+        if isinstance(value, float) and math.isnan(value):
+            raise ConfigError(f"{flag}: not a number: {text!r}")
+        if inf_ok and value == math.inf:
+            return value
+        if not low <= value <= high:  # type: ignore[operator]
+            also = " (or inf)" if inf_ok else ""
+            shown = text if len(text) <= 24 else text[:21] + "..."
+            raise ConfigError(
+                f"{flag}: must be between {_plain(low)} and {_plain(high)}{also}, got {shown!r}"
+            )
         return value
 
     return parse
@@ -295,10 +335,13 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
     run_id = ns.rdzv_id
     if not run_id or run_id == "none":
         raise ConfigError("--rdzv-id: must be set and not 'none' (jobs would share state)")
-    last_call = _number("--rdzv-last-call", float, 0.0)(ns.last_call)
-    join_timeout = _number("--rdzv-join-timeout", float, 0.1)(ns.join_timeout)
-    heartbeat = _number("--heartbeat-interval", float, 0.01)(ns.heartbeat_interval)
-    liveness = _number("--liveness-timeout", float, 0.05)(ns.liveness_timeout)
+    last_call = _number("--rdzv-last-call", float, 0.0, MAX_SECONDS)(ns.last_call)
+    # inf: wait for the minimum forever (SIGTERM still ends the wait at once).
+    join_timeout = _number("--rdzv-join-timeout", float, 0.1, MAX_SECONDS, inf_ok=True)(
+        ns.join_timeout
+    )
+    heartbeat = _number("--heartbeat-interval", float, 0.01, 60.0)(ns.heartbeat_interval)
+    liveness = _number("--liveness-timeout", float, 0.05, 3600.0)(ns.liveness_timeout)
     if liveness <= 2 * heartbeat:
         raise ConfigError("--liveness-timeout: must exceed twice --heartbeat-interval")
     if ns.prewarm not in ("auto", "off"):
@@ -312,13 +355,15 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         run_id=run_id,
         last_call=last_call,
         join_timeout=join_timeout,
-        max_restarts=_number("--max-restarts", int, 0)(ns.max_restarts),
-        monitor_interval=_number("--monitor-interval", float, 0.01)(ns.monitor_interval),
-        health_port=_number("--health-port", int, 0)(ns.health_port),
+        max_restarts=_number("--max-restarts", int, 0, 1_000_000)(ns.max_restarts),
+        monitor_interval=_number("--monitor-interval", float, 0.01, 60.0)(ns.monitor_interval),
+        health_port=_number("--health-port", int, 0, 65535)(ns.health_port),
         health_host=ns.health_host,
         node_addr=ns.node_addr,
-        termination_grace=_number("--termination-grace", float, 0.0)(ns.termination_grace),
-        stop_grace=_number("--stop-grace", float, 0.0)(ns.stop_grace),
+        termination_grace=_number("--termination-grace", float, 0.0, MAX_SECONDS)(
+            ns.termination_grace
+        ),
+        stop_grace=_number("--stop-grace", float, 0.0, 3600.0)(ns.stop_grace),
         heartbeat_interval=heartbeat,
         liveness_timeout=liveness,
         tls_dir=ns.tls_dir or None,
@@ -347,6 +392,8 @@ def resolve_nproc(spec: str, gpu_limit: str | None, cuda_count: Callable[[], int
             raise ConfigError(f"{tfenv.GPU_LIMIT}: not an integer: {gpu_limit!r}") from None
     else:
         gpus = cuda_count()
+    if gpus > MAX_NPROC:
+        raise ConfigError(f"{tfenv.GPU_LIMIT}: {gpus} GPUs is above {MAX_NPROC} workers per node")
     if gpus > 0:
         return gpus
     if spec == "gpu":

@@ -1,7 +1,8 @@
 """Typed errors of the agent: what went wrong, and whether trying again can help.
 
 Where it sits: raised by the store backends (``store_*``), the rendezvous
-(``rendezvous``) and the configuration parser (``config``); the agent loop
+(``rendezvous``), the configuration parser (``config``) and the worker
+launch (``workers``); the agent loop
 (``agent``) and the CLI map the class, never the message text, to an exit
 code from ``torchflex_contract.exit_codes``.
 """
@@ -43,3 +44,18 @@ class StoreProtocolError(PermanentError):
 
 class ConfigError(ValueError):
     """A flag or environment variable is malformed; the message names the flag."""
+
+
+class LaunchError(Exception):
+    """Workers could not be started; the subclass says whether trying again can help."""
+
+
+class CommandNotRunnableError(LaunchError):
+    """The training command cannot start on this node: permanent, the user's to fix.
+
+    Its executable is missing or not executable, or python's script cannot be
+    opened. The message is one line naming the command."""
+
+
+class SpawnFailedError(LaunchError):
+    """The OS refused a new process (out of memory, process limit): retryable."""

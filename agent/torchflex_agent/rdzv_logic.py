@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchflex_agent.errors import StoreProtocolError
+from torchflex_contract import env as tfenv
 from torchflex_contract.progress import RestartReason
 
 
@@ -26,6 +27,9 @@ class RendezvousSettings:
     max_nodes: int
     last_call: float
     join_timeout: float
+    liveness_timeout: float = tfenv.DEFAULT_LIVENESS_TIMEOUT_S
+    """How long a closed round's member may go without a heartbeat, on a
+    waiting joiner's own clock, before the joiner declares it gone (``MemberWatch``)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -265,3 +269,39 @@ class ProgressTracker:
             self.last_change = now
             return False
         return now - self.last_change >= self.timeout
+
+
+@dataclasses.dataclass
+class MemberWatch:
+    """A waiting joiner's watch over a full round it is not in: which members are gone?
+
+    A full running round ends when a member leaves or its ring predecessor
+    sees it die. When every member is gone at once (the whole group killed,
+    a single-pod job that crashed) nobody is left to say so, and the joiner
+    would wait on the round until its join timeout. So the joiner reads the
+    members' heartbeat counters every wait slice: one that has not moved for
+    ``timeout`` on the joiner's own monotonic clock is gone (wall clocks of
+    different nodes are never compared), as in the ring watch.
+    """
+
+    timeout: float
+    trackers: dict[int, ProgressTracker] = dataclasses.field(default_factory=dict)
+
+    def observe(self, beats: Mapping[int, int | None], now: float) -> tuple[int, ...]:
+        """Record one reading per member rank; the ranks whose counters stalled, in order."""
+        stalled = []
+        for rank in sorted(beats):
+            tracker = self.trackers.setdefault(rank, ProgressTracker(self.timeout))
+            if tracker.observe(beats[rank], now):
+                stalled.append(rank)
+        return tuple(stalled)
+
+
+def parse_counter(raw: bytes | None) -> int | None:
+    """A decimal counter's value; None if absent or unreadable (both read as "no beat")."""
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None

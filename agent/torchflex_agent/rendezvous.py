@@ -17,6 +17,10 @@ Protocol for round r (one pass, a handful of round trips per node):
    descriptor at ``r/node/i``; the arrival that reaches max closes at once,
    the others block on ``r/closed`` (server-side wait / etcd watch), closing
    it themselves once min arrived and the last call passed;
+   (a joiner waiting on a *full* round also watches its members: if they are
+   all gone -- presence ports refused, heartbeats stalled on the joiner's own
+   clock -- nobody else is left to end the round, so the joiner marks it
+   stale (MemberLost) and moves on at once instead of at its join timeout);
 4. exactly one ``compare_set(r/closed, absent, membership)`` wins; indices
    below its count are members, the rest are waiters. The closer orders the
    members by their rank in the previous round (``rdzv_logic.rank_order``),
@@ -40,8 +44,10 @@ from torchflex_agent.errors import (
     StoreProtocolError,
 )
 from torchflex_agent.kvstore import KVStore
+from torchflex_agent.presence_probe import refused
 from torchflex_agent.rdzv_logic import (
     ArrivalRole,
+    MemberWatch,
     NodeDescriptor,
     RendezvousResult,
     RendezvousSettings,
@@ -51,6 +57,7 @@ from torchflex_agent.rdzv_logic import (
     close_decision,
     decode_membership,
     encode_membership,
+    parse_counter,
     rank_order,
     standing,
     waiter_marks_stale,
@@ -60,6 +67,8 @@ from torchflex_contract.store_keys import (
     ARRIVALS,
     CLOSED,
     CURRENT_ROUND,
+    FINISHED,
+    HEARTBEAT,
     JOB_CLOSED,
     NODE,
     RESTARTS,
@@ -236,7 +245,7 @@ class Rendezvous:
                 continue
             closed = self.store.get(round_key(self.keys, round_no, CLOSED))
             if closed is not None:
-                self._wait_out_round(round_no, len(decode_membership(closed)), deadline, stop)
+                self._wait_out_round(round_no, decode_membership(closed), deadline, stop)
                 round_no = self._advance(round_no)
                 continue
             result = self._join(round_no, deadline, stop, expected)
@@ -252,6 +261,9 @@ class Rendezvous:
             if joined:
                 self.abort_round(round_no, RestartReason.MEMBER_LEFT, "left while joining")
             raise RendezvousInterruptedError(f"stopped while in round {round_no}")
+        # A job failed meanwhile (a bad command, the restart budget spent
+        # elsewhere) ends every wait here, not just the next round's start.
+        self._raise_if_job_closed()
         if self._clock() >= deadline:
             arrivals = self.store.tickets(round_key(self.keys, round_no, ARRIVALS))
             if joined:
@@ -263,17 +275,63 @@ class Rendezvous:
             )
 
     def _wait_out_round(
-        self, round_no: int, closed_count: int, deadline: float, stop: threading.Event | None
+        self,
+        round_no: int,
+        nodes: tuple[NodeDescriptor, ...],
+        deadline: float,
+        stop: threading.Event | None,
     ) -> None:
-        """We arrived after closure: ask to be let in, then wait for the round to end."""
+        """We arrived after closure: ask to be let in, then wait for the round to end.
+
+        A full round is watched while we wait (``MemberWatch``): its members
+        end it themselves when one of them leaves or dies, but if all are
+        gone nobody would, and we would wait out the join timeout.
+        """
         self.store.take_ticket(round_key(self.keys, round_no, WAITING))
-        if waiter_marks_stale(closed_count, self.settings.max_nodes):
+        if waiter_marks_stale(len(nodes), self.settings.max_nodes):
             self.mark_stale(round_no, RestartReason.MEMBER_JOINED, self.node.node_id)
             return
+        gone = refused([(n.addr, n.watch_port) for n in nodes])
+        if gone and self._end_round_of_gone(round_no, gone, exited=True):
+            return
+        watch = MemberWatch(self.settings.liveness_timeout)
         stale = round_key(self.keys, round_no, STALE)
         while not self.store.wait([stale], self.store.wait_slice):
             self._check_deadline(round_no, deadline, stop, joined=False)
-            self._raise_if_job_closed()
+            beats = {
+                rank: parse_counter(self.store.get(round_key(self.keys, round_no, HEARTBEAT, rank)))
+                for rank in range(len(nodes))
+            }
+            stalled = watch.observe(beats, self._clock())
+            if stalled and self._end_round_of_gone(round_no, list(stalled), exited=False):
+                return
+
+    def _end_round_of_gone(self, round_no: int, ranks: list[int], *, exited: bool) -> bool:
+        """Mark a full round stale for members found gone; False if all of them finished.
+
+        The ranks go to the round's ``lost`` list first, as a member's own
+        detector would record them: a member that was only frozen reads it
+        when it wakes up and fences itself instead of checkpointing over the
+        group that formed without it.
+        """
+        # liveness imports this module; the lost-list helpers live there.
+        from torchflex_agent.liveness import EXITED, SILENT, record_lost
+
+        ranks = [
+            r for r in ranks if self.store.get(round_key(self.keys, round_no, FINISHED, r)) is None
+        ]
+        if not ranks or self.stale_mark(round_no) is not None:
+            return bool(ranks)
+        for rank in ranks:
+            record_lost(self.store, self.keys, round_no, rank, EXITED if exited else SILENT)
+        how = "refused presence connections" if exited else "stopped heartbeating"
+        detail = (
+            f"node rank(s) {', '.join(map(str, ranks))} of a full round {how} "
+            "(seen by a waiting joiner)"
+        )
+        mark = self.mark_stale(round_no, RestartReason.MEMBER_LOST, detail)
+        log.warning("round %d: %s; ending it", round_no, mark.detail)
+        return True
 
     def _join(
         self,
@@ -316,7 +374,7 @@ class Rendezvous:
             return None
         nodes = decode_membership(raw)
         if standing(index, len(nodes)) is Standing.WAITER:
-            self._wait_out_round(round_no, len(nodes), deadline, stop)
+            self._wait_out_round(round_no, nodes, deadline, stop)
             return None
         ranks = [i for i, n in enumerate(nodes) if n.node_id == self.node.node_id]
         if len(ranks) != 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import random
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -42,6 +43,26 @@ def _prefix_range(prefix: str) -> dict[str, str]:
     """The range request fields that select every key starting with ``prefix``."""
     raw = prefix.encode()
     return {"key": _b64(raw), "range_end": _b64(raw[:-1] + bytes([raw[-1] + 1]))}
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")]+")
+
+
+def etcd_cause(exc: BaseException) -> str:
+    """The real reason of an etcd3gw error in a few words.
+
+    etcd3gw raises ``ConnectionFailedError(str(requests_error))`` with no
+    ``args``, so ``str(exc)`` is empty and the text sits in ``detail_text``:
+    a long urllib3 chain whose errno part (``[Errno 111] Connection
+    refused``) or timeout is what a reader needs.
+    """
+    text = str(exc) or str(getattr(exc, "detail_text", "") or "")
+    m = _ERRNO.search(text)
+    if m:
+        return m.group(0).strip()
+    if "timed out" in text.lower():
+        return f"timed out ({type(exc).__name__})"
+    return text[:200] or type(exc).__name__
 
 
 def _b64(data: bytes) -> str:
@@ -75,7 +96,7 @@ class EtcdKVStore:
         self._client = self._connect()
 
     def _connect(self) -> etcd3gw.Etcd3Client:
-        last: Exception | None = None
+        causes = []
         for protocol, host, port in self._endpoints:
             kwargs: dict[str, Any] = {}
             if self._tls is not None:
@@ -90,16 +111,16 @@ class EtcdKVStore:
             try:
                 client.status()
             except (etcd_exc.Etcd3Exception, OSError) as exc:
-                last = exc
+                causes.append(f"{protocol}://{host}:{port}: {etcd_cause(exc)}")
                 continue
             return client
-        raise StoreUnavailableError(f"no etcd endpoint reachable: {last}")
+        raise StoreUnavailableError(f"no etcd endpoint reachable: {'; '.join(causes)}")
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:
             return cast(dict[str, Any], self._client.post(self._client.get_url(path), json=payload))
         except (etcd_exc.Etcd3Exception, OSError) as exc:
-            raise StoreUnavailableError(f"etcd {path}: {exc}") from exc
+            raise StoreUnavailableError(f"etcd {path}: {etcd_cause(exc)}") from exc
 
     def _range(self, key: str) -> tuple[bytes | None, int, int]:
         """(value, mod_revision, header revision) of ``key``."""

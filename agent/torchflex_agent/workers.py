@@ -25,8 +25,11 @@ import contextlib
 import ctypes
 import dataclasses
 import enum
+import errno
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from torchflex_agent.prewarm import ForkServer, ZygoteGoneError
+from torchflex_agent.errors import CommandNotRunnableError, LaunchError, SpawnFailedError
+from torchflex_agent.prewarm import ForkServer, ZygoteGoneError, python_launch
 from torchflex_agent.rdzv_logic import RendezvousResult
 
 _PR_SET_PDEATHSIG = 1
@@ -93,6 +97,72 @@ def worker_base_env(base: Mapping[str, str]) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = base.get("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+# What an exec of the training command fails with when the command itself is
+# wrong (missing, not executable, not a program): the same on every attempt.
+_COMMAND_ERRNOS = frozenset(
+    {errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
+     errno.ENAMETOOLONG, errno.EPERM}
+)  # fmt: skip
+_SHOWN_COMMAND_CHARS = 160
+
+
+def _shown(cmd: Sequence[str]) -> str:
+    text = shlex.join(cmd)
+    return text if len(text) <= _SHOWN_COMMAND_CHARS else text[: _SHOWN_COMMAND_CHARS - 3] + "..."
+
+
+def command_problem(cmd: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why ``cmd`` cannot start here (one line naming it), or None if it can.
+
+    The executable is looked up as ``Popen`` will: on the workers' ``PATH``
+    unless it names a path (relative to the working directory workers
+    inherit). For ``python [opts] script.py`` the script must exist and be
+    readable: python would exit 2 with "can't open file", and the fork
+    server would raise the same in every worker. Not checked: what only the
+    interpreter knows (``python -m`` of a missing module, a script that
+    raises) -- that is the workers' own failure, under the restart budget.
+    """
+    if not cmd:
+        return "the training command is empty"
+    name = cmd[0]
+    path = env.get("PATH", os.defpath)
+    if shutil.which(name, path=path) is None:
+        if os.sep in name:
+            candidates = [name]
+        else:
+            candidates = [os.path.join(d or os.curdir, name) for d in path.split(os.pathsep)]
+        found = next((c for c in candidates if os.path.exists(c)), None)
+        if found is None:
+            where = "no such file" if os.sep in name else "not found on PATH"
+            return f"cannot start the training command {_shown(cmd)!r}: {name!r} {where}"
+        return (
+            f"cannot start the training command {_shown(cmd)!r}: {found!r} is not an "
+            "executable file"
+        )
+    launch = python_launch(cmd)
+    if launch is not None and launch.argv[0] != "-m":
+        script = launch.argv[0]
+        why = None
+        if not os.path.exists(script):
+            why = os.strerror(errno.ENOENT)
+        elif not os.access(script, os.R_OK):
+            why = os.strerror(errno.EACCES)
+        if why is not None:
+            return (
+                f"cannot start the training command {_shown(cmd)!r}: python cannot open "
+                f"{script!r} ({why})"
+            )
+    return None
+
+
+def launch_error(cmd: Sequence[str], exc: OSError) -> LaunchError:
+    """The typed error for an ``OSError`` from starting a worker process."""
+    if exc.errno in _COMMAND_ERRNOS:
+        what = exc.strerror or type(exc).__name__
+        return CommandNotRunnableError(f"cannot start the training command {_shown(cmd)!r}: {what}")
+    return SpawnFailedError(f"cannot start a worker process: {exc}")
 
 
 def error_file(ctx: LaunchContext, round_no: int, rank: int) -> Path:
@@ -200,6 +270,10 @@ class WorkerGroup:
         return [p.pid for p in self._procs]
 
     def start(self) -> None:
+        """Start every worker; raises ``LaunchError`` (the caller stops those started)."""
+        problem = command_problem(self._cmd, self._base_env)
+        if problem is not None:
+            raise CommandNotRunnableError(problem)
         for local_rank in range(self._ctx.nproc):
             env = worker_env(self._base_env, self._result, self._ctx, local_rank)
             efile = Path(env["TORCHELASTIC_ERROR_FILE"])
@@ -210,15 +284,18 @@ class WorkerGroup:
                 proc, stdout, stderr = forked
                 self.forked += 1
             else:
-                popen = subprocess.Popen(
-                    self._cmd,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                    preexec_fn=set_pdeathsig,  # noqa: PLW1509 - prctl must run in the child
-                )
+                try:
+                    popen = subprocess.Popen(
+                        self._cmd,
+                        env=env,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        start_new_session=True,
+                        preexec_fn=set_pdeathsig,  # noqa: PLW1509 - prctl must run in the child
+                    )
+                except OSError as exc:
+                    raise launch_error(self._cmd, exc) from exc
                 assert popen.stdout is not None and popen.stderr is not None
                 proc, stdout, stderr = popen, popen.stdout, popen.stderr
             prefix = f"[rank {env['RANK']}] ".encode()

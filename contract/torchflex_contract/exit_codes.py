@@ -32,6 +32,16 @@ class ExitCode(enum.IntEnum):
     RENDEZVOUS_CLOSED = 76
     """The job's rendezvous was closed (job finishing): not a failure."""
 
+    BAD_COMMAND = 127
+    """The training command cannot be started: a user error, permanent, counted.
+
+    Its executable is not found or not executable (the agent's spawn fails with
+    ENOENT / EACCES / ENOEXEC), or it is ``python [opts] script.py`` and the
+    script cannot be opened. Nothing runs, so nothing is retried: the agent
+    closes the job's rendezvous as failed (other agents stop, replacements do
+    not wait) and names the command in its termination message. 127 is a
+    shell's "command not found"; it is below 128, so never a signal's code."""
+
 
 SIGNAL_BASE = 128
 SIGKILL_EXIT = SIGNAL_BASE + 9

@@ -25,7 +25,7 @@ from torchflex_agent.liveness import LivenessSettings, RoundMonitor
 from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult, RendezvousSettings
 from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
 from torchflex_contract.progress import RestartReason
-from torchflex_contract.store_keys import ARRIVALS, Keys, round_key
+from torchflex_contract.store_keys import ARRIVALS, HEARTBEAT, Keys, round_key
 
 LIVENESS = LivenessSettings(heartbeat_interval=0.2, timeout=1.5)
 MEMBER_SCRIPT = str(__import__("pathlib").Path(__file__).with_name("rdzv_member.py"))
@@ -105,6 +105,29 @@ def test_n_agents_form_one_group(backend: Backend, n: int) -> None:
     print(f"\nRDZV_TIME backend={backend.name} n={n} wall_ms={wall * 1000:.1f}")
 
 
+def pulse(backend: Backend, run_id: str, round_no: int, ranks: int) -> threading.Event:
+    """Heartbeat ``ranks`` members of a round every 0.2 s until the returned event is set.
+
+    Waiters on a full round watch its members and end the round for ones
+    whose counters stall, so a group formed by bare ``next_round`` calls must
+    beat like real members (``RoundMonitor``) for its waiters to keep waiting.
+    """
+    done = threading.Event()
+    store = backend.connect()
+    keys = [round_key(Keys(run_id), round_no, HEARTBEAT, r) for r in range(ranks)]
+
+    def beat() -> None:
+        try:
+            while not done.wait(0.2):
+                for key in keys:
+                    store.add(key, 1)
+        finally:
+            store.close()
+
+    threading.Thread(target=beat, daemon=True).start()
+    return done
+
+
 @pytest.mark.timeout(60)
 def test_exclusivity_late_agents_wait(backend: Backend) -> None:
     # The join timeout bounds the waiters (the test waits them out) but must
@@ -113,7 +136,11 @@ def test_exclusivity_late_agents_wait(backend: Backend) -> None:
     settings = RendezvousSettings(2, 3, last_call=0.2, join_timeout=8.0)
     run_id = new_run_id()
     rdzvs = [make_rdzv(backend, run_id, f"n{i}", settings) for i in range(5)]
-    outcomes = join_all(rdzvs)
+    alive = pulse(backend, run_id, 0, 3)
+    try:
+        outcomes = join_all(rdzvs)
+    finally:
+        alive.set()
     formed = [o.result for o in outcomes if o.result is not None]
     waited = [o.error for o in outcomes if o.error is not None]
     assert_one_group(formed, 3)
