@@ -20,6 +20,7 @@ import contextlib
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,7 +39,11 @@ from tests.integration.agent.tfagent_helpers import (
     free_port,
     stop_process,
 )
-from torchflex_agent.errors import RendezvousTimeoutError, StoreUnavailableError
+from torchflex_agent.errors import (
+    JobFailedError,
+    RendezvousTimeoutError,
+    StoreUnavailableError,
+)
 from torchflex_agent.liveness import EXITED, SILENT, read_lost
 from torchflex_agent.presence_probe import refused
 from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousSettings, encode_membership
@@ -168,6 +173,19 @@ def test_a_live_full_round_keeps_its_waiters_waiting(backend: Backend) -> None:
     assert mark is not None and "stopped heartbeating" in mark.detail
 
 
+@pytest.mark.timeout(120)
+def test_a_failed_job_ends_a_join_wait(backend: Backend) -> None:
+    """A joiner waiting for the minimum stops within a slice once the job is failed."""
+    settings = RendezvousSettings(2, 2, last_call=0.2, join_timeout=JOIN_TIMEOUT)
+    run_id = f"failed-{uuid.uuid4().hex[:8]}"
+    closer = make_rdzv(backend, run_id, "closer", settings)
+    threading.Timer(1.0, closer.close_job, args=("failed", "cannot start 'nosuchcmd'")).start()
+    out = join_all([make_rdzv(backend, run_id, "alone", settings)])
+    assert isinstance(out[0].error, JobFailedError), out[0].error
+    assert "nosuchcmd" in str(out[0].error)
+    assert out[0].elapsed < PROMPT_S
+
+
 def test_presence_probe_counts_only_refusals() -> None:
     listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listening.bind(("127.0.0.1", 0))
@@ -221,6 +239,29 @@ def test_bad_command_fails_fast_and_fails_the_job(job: Job, tmp_path: Path, kind
     later = job.start_agent([PYTHON, "-c", "pass"], "1:1", extra)
     assert later.proc.wait(60) == ExitCode.USER_ERROR, later.text()[-3000:]
     assert shown in job.termination_report(1).message
+
+
+@pytest.mark.timeout(120)
+def test_bad_command_with_an_unreachable_store_still_fails_fast(tmp_path: Path) -> None:
+    """Marking the job failed is best effort: at most 5 s against a dead store."""
+    report_path = tmp_path / "termination.log"
+    cmd = [
+        AGENT_BIN, "--nnodes", "1", "--rdzv-endpoint", f"127.0.0.1:{dead_port()}",
+        "--rdzv-id", "bad-unreachable", "--rdzv-join-timeout", "inf", "--health-port", "0",
+        "--", "nosuchcmd-7f3a",
+    ]  # fmt: skip
+    env = child_env({"TORCHFLEX_TERMINATION_LOG": str(report_path)})
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    log = LineLog(proc, "agent")
+    try:
+        code = proc.wait(60)
+    finally:
+        stop_process(proc)
+    assert code == ExitCode.BAD_COMMAND, log.text()[-2000:]
+    assert "job not marked failed in the store" in log.text()
+    assert "nosuchcmd-7f3a" in AgentReport.from_json(report_path.read_text()).message
 
 
 # -- items 3 and 6: an unreachable store --------------------------------------
