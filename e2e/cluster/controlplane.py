@@ -95,6 +95,8 @@ def apiserver_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
         f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
         f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
         "--kubelet-preferred-address-types=InternalIP",
+        # kubectl logs: the process kubelet's serving certificate is checked.
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",

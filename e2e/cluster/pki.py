@@ -14,9 +14,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from e2e.cluster.layout import CLUSTER_DOMAIN, GATEWAY_IP, SERVICE_CIDR
+from e2e.cluster.layout import CLUSTER_DOMAIN, GATEWAY_IP, PROCESS_NODE_IP_PREFIX, SERVICE_CIDR
 
 DAYS = "3650"
+# The process kubelet's serving certificate names every node address it may
+# register (127.10.<slot>.1..N), so the API server can verify it.
+MAX_PROCESS_NODES = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +106,15 @@ def ensure_pki(pki: Path) -> None:
             "/CN=kube-apiserver",
             "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
             f"extendedKeyUsage=serverAuth\nsubjectAltName={san}\n",
+        )
+    if not (pki / "kubelet-serving.crt").exists():
+        ips = [f"IP:{PROCESS_NODE_IP_PREFIX}.{i}" for i in range(1, MAX_PROCESS_NODES + 1)]
+        _sign(
+            pki,
+            "kubelet-serving",
+            "/CN=torchflex-e2e-kubelet-serving",
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+            f"extendedKeyUsage=serverAuth\nsubjectAltName={','.join(ips)}\n",
         )
     for ident in CLIENTS:
         if (pki / f"{ident.name}.crt").exists():

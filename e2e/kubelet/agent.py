@@ -36,7 +36,7 @@ from kubernetes import client, watch
 
 from e2e.cluster import network
 from e2e.cluster.layout import GATEWAY_IP, PROCESS_NODE_IP_PREFIX, PROCESS_NODE_LABEL
-from e2e.kubelet import podspec, records, sandbox, status, volumes
+from e2e.kubelet import logserver, podspec, records, sandbox, status, volumes
 from e2e.kubelet.nodes import NodeHeartbeat
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
@@ -145,6 +145,35 @@ class Kubelet(volumes.Fetcher):
             except Exception:
                 time.sleep(0.5)
 
+    # --- kubectl logs ----------------------------------------------------
+    def _serve_logs(self) -> None:
+        ctx = logserver.tls_context(self.state_dir / "pki")
+        for node, ip in self.nodes.items():
+            try:
+                server = logserver.LogServer(
+                    ip, logserver.KUBELET_PORT, ctx, self._log_of, self.stop
+                )
+            except OSError as exc:
+                # Pods still run; only kubectl logs for this node fails.
+                print(f"[process-kubelet] no log endpoint for {node} on {ip}: {exc}", flush=True)
+                continue
+            server.serve_in_thread()
+
+    def _log_of(self, ns: str, pod: str, container: str) -> tuple[Path, bool] | None:
+        """Called from the log server's threads: reads a snapshot only."""
+        for rt in list(self.runtimes.values()):
+            if rt.ns == ns and rt.name == pod and container in rt.records:
+                return rt.pod_dir / f"{container}.log", container in rt.procs
+        # A pod this kubelet process never ran (it finished before a restart).
+        dirs = sorted(
+            (self.state_dir / "pods").glob(f"{ns}_{pod}_*"), key=lambda d: d.stat().st_mtime
+        )
+        for pod_dir in reversed(dirs):
+            path = pod_dir / f"{container}.log"
+            if path.exists():
+                return path, False
+        return None
+
     # --- main loop -------------------------------------------------------
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
@@ -152,6 +181,7 @@ class Kubelet(volumes.Fetcher):
         heartbeat = NodeHeartbeat(self.api, self.nodes, self.stop, PROCESS_NODE_LABEL)
         heartbeat.register()
         threading.Thread(target=heartbeat.loop, daemon=True).start()
+        self._serve_logs()
         threading.Thread(
             target=self._watch, args=("pod", self.core.list_pod_for_all_namespaces), daemon=True
         ).start()
@@ -390,6 +420,7 @@ class Kubelet(volumes.Fetcher):
         mounts = [
             podspec.Mount(hosts, "/etc/hosts"),
             podspec.Mount(resolv, "/etc/resolv.conf"),
+            podspec.Mount(rt.pod_dir / "nsswitch.conf", "/etc/nsswitch.conf"),
             podspec.Mount(
                 term_log, container.get("terminationMessagePath", sandbox.TERMINATION_LOG)
             ),
@@ -403,6 +434,7 @@ class Kubelet(volumes.Fetcher):
             workdir=podspec.working_dir(container),
             mounts=mounts,
             log_path=rt.pod_dir / f"{name}.log",
+            root=rt.pod_dir / f"{name}.fs",
         )
         gen = rt.generation.get(name, 0) + 1
         rt.generation[name] = gen
@@ -547,8 +579,13 @@ class Kubelet(volumes.Fetcher):
                     fh.write(text)
             resolv = rt.pod_dir / "resolv.conf"
             if not resolv.exists():
-                # Unknown names fail fast on the pod's own loopback.
-                resolv.write_text(f"nameserver 127.0.0.1\nsearch {rt.ns}.svc.cluster.local\n")
+                resolv.write_text(podspec.resolv_conf(rt.ns))
+            nsswitch = rt.pod_dir / "nsswitch.conf"
+            if not nsswitch.exists():
+                host = Path("/etc/nsswitch.conf")
+                nsswitch.write_text(
+                    podspec.nsswitch_conf(host.read_text() if host.exists() else "")
+                )
 
     def _shutdown(self) -> None:
         for rt in self.runtimes.values():

@@ -20,6 +20,7 @@ from typing import Any
 
 from kubernetes import client
 
+from e2e.kubelet.logserver import KUBELET_PORT
 from e2e.toolchain.versions import KUBERNETES_VERSION
 
 LEASE_NS = "kube-node-lease"
@@ -70,6 +71,8 @@ class NodeHeartbeat:
                 {"type": "InternalIP", "address": ip},
                 {"type": "Hostname", "address": name},
             ],
+            # Where the API server sends kubectl logs (logserver, on the InternalIP).
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
             "capacity": CAPACITY,
             "allocatable": CAPACITY,
             "conditions": [

@@ -173,6 +173,32 @@ class Mount:
     read_only: bool = False
 
 
+def resolv_conf(ns: str) -> str:
+    """The pod's /etc/resolv.conf: search domains as a cluster's, no nameserver.
+
+    No DNS server runs here: every name a pod can resolve is in its
+    /etc/hosts, and :func:`nsswitch_conf` makes that file the only source.
+    (glibc reads a resolv.conf without a nameserver line as 127.0.0.1, so the
+    missing line alone would not stop queries; the nsswitch line does.)
+    """
+    return (
+        "# torchflex process kubelet: no DNS server; names come from /etc/hosts\n"
+        f"search {ns}.svc.{CLUSTER_DOMAIN} svc.{CLUSTER_DOMAIN} {CLUSTER_DOMAIN}\n"
+    )
+
+
+def nsswitch_conf(host_text: str) -> str:
+    """The host's nsswitch.conf with ``hosts: files`` only.
+
+    Lookups of names and addresses end at the pod's /etc/hosts: an unknown
+    name fails at once (not found) instead of timing out on a server that is
+    not there (c10d's "hostname of the client socket cannot be retrieved.
+    err=-3"), and nothing falls through to the machine's resolver.
+    """
+    lines = [ln for ln in host_text.splitlines() if not ln.strip().startswith("hosts:")]
+    return "\n".join([*lines, "hosts:          files"]) + "\n"
+
+
 def hosts_names(pod: Mapping[str, Any]) -> list[str]:
     """Names a pod answers to: its hostname and, with a subdomain, the FQDN forms."""
     meta, spec = pod["metadata"], pod.get("spec", {})
