@@ -13,6 +13,11 @@ their exception to us unchanged.
 Popen must be called from the agent's main thread: the kernel sends the
 parent-death signal when the *thread* that forked exits.
 
+A command that cannot start at all (``command_problem``: executable missing
+or not executable, python's script missing) is ``CommandNotRunnableError``
+before anything is spawned, and so is an exec that fails the same way;
+the agent turns it into exit 127 instead of a retry.
+
 When the agent runs a fork server (``prewarm``), workers are forked by it
 instead (torch already imported); they look the same to this module
 (``ForkedProc`` has the ``Popen`` methods used here) and fall back to
