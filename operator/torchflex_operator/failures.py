@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from torchflex_contract.exit_codes import Disposition, disposition
+from torchflex_contract.exit_codes import Disposition, ExitCode, disposition
 from torchflex_contract.progress import AgentReport
 from torchflex_operator.observed import Observed, PodView
 from torchflex_operator.vocabulary import EventReason, Reason
@@ -44,6 +44,8 @@ class Failure:
     counted: bool
     exit_code: int | None
     message: str
+    fatal: bool = False
+    """Retrying cannot help (the command cannot be started): the job fails now."""
 
     @property
     def event_reason(self) -> EventReason:
@@ -84,6 +86,8 @@ def classify(pod: PodView, observed: Observed) -> Failure:
         return Failure(Reason.EVICTED, False, None, message or (pod.status_reason or ""))
     if pod.terminated_reason == "OOMKilled":
         return Failure(Reason.OOM_KILLED, True, pod.exit_code, message or "OOMKilled")
+    if pod.exit_code == ExitCode.BAD_COMMAND:
+        return Failure(Reason.USER_ERROR, True, pod.exit_code, message, fatal=True)
     kind = disposition(pod.exit_code)
     if kind is Disposition.RETRYABLE_FREE:
         return Failure(Reason.PREEMPTED, False, pod.exit_code, message)

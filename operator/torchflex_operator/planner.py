@@ -105,6 +105,7 @@ class _Pass:
         except ValueError:
             self.prior_phase = None
         self.workers = observed.workers()
+        self.fatal = ""  # set by account_failures: a failure retrying cannot help
 
     # -- helpers -------------------------------------------------------------
 
@@ -206,6 +207,8 @@ class _Pass:
             if pod.exit_code == ExitCode.RENDEZVOUS_CLOSED:
                 continue  # its agent found the job closed (finished): not a failure
             fresh += 1
+            if failure.fatal:
+                self.fatal = f"pod {pod.name}: {failure.message[-300:]}"
             self.s["replacements"] = int(self.s.get("replacements", 0)) + 1
             if failure.counted:
                 self.s["failures"] = int(self.s.get("failures", 0)) + 1
@@ -259,10 +262,7 @@ class _Pass:
                 )
 
     def scale(self, held: bool = False) -> pacing.Budget | None:
-        """Scale toward ``desiredReplicas``; the creation budget used, if any.
-
-        ``held``: a refused create is waiting out its retry delay.
-        """
+        """Scale toward ``desiredReplicas`` (``held``: a refused create waits); the budget used."""
         job = self.job
         desired = job.desired
         prior_desired = self.s.get("desiredReplicas")
@@ -293,8 +293,7 @@ class _Pass:
         if until is not None and until > self.now:
             self.plan.wake_in((until - self.now).total_seconds())
             return None
-        # Never more than maxReplicas worker objects, never two pods per index,
-        # never more at once than pacing allows (growing batches, capped Pending).
+        # At most maxReplicas worker objects, one pod per index, paced (pacing.py).
         budget = pacing.budget(self.workers, self.settings)
         occupied = {w.index for w in self.workers}
         room = job.max_replicas - len(self.workers)
@@ -453,6 +452,8 @@ def plan(
             p.finish(Phase.SUCCEEDED, Reason.WORKER_GROUP_SUCCEEDED, verdict.message)
         elif verdict is not None and outcome is completion.Outcome.FAILED:
             p.finish(Phase.FAILED, Reason.FINAL_ROUND_INCOMPLETE, verdict.message)
+        elif p.fatal:
+            p.finish(Phase.FAILED, Reason.BAD_COMMAND, p.fatal)
         elif int(p.s.get("failures", 0)) > job.backoff_limit:
             last = p.s.get("lastFailure") or {}
             p.finish(

@@ -62,6 +62,8 @@ class Reason(enum.StrEnum):
     MIN_AVAILABLE_TIMEOUT = "MinAvailableTimeout"
     FINAL_ROUND_INCOMPLETE = "FinalRoundIncomplete"
     """A member of the final round exited 0, another ended without exiting 0."""
+    BAD_COMMAND = "BadCommand"
+    """The training command cannot be started (agent exit 127): retrying cannot help."""
     CHILD_REJECTED = "ChildRejected"
     """The API server rejected a pod or Service as invalid (400/422): it cannot go away."""
     # AtDesiredSize

@@ -429,3 +429,14 @@ def test_store_condition_clears_only_when_most_agents_answer_clean() -> None:
     clean = observed(*pods, reports={wn(0): live(3), wn(1): live(3)})
     back = plan(job(), still.status, clean, NOW + dt.timedelta(seconds=6))
     assert condition(back, ConditionType.STORE_REACHABLE)["status"] == "True"
+
+
+def test_command_that_cannot_start_fails_the_job_at_once() -> None:
+    bad = worker(1, "Failed", exit_code=int(ExitCode.BAD_COMMAND), message="no such file: train.py")
+    result = plan(job(backoffLimit=6), RUNNING, observed(worker(0), bad), NOW)
+    assert result.status["phase"] == Phase.FAILED
+    cond = condition(result, ConditionType.FAILED)
+    assert cond["reason"] == Reason.BAD_COMMAND and "no such file: train.py" in cond["message"]
+    assert result.status["lastFailure"]["reason"] == Reason.USER_ERROR
+    assert result.status["failures"] == 1
+    assert not [p for p in result.create_pods if "worker" in p["metadata"]["name"]]
