@@ -1,4 +1,4 @@
-"""Names, refusals, paced creation, pending Events and fencing on the real control plane.
+"""Names, refusals, pacing, pending Events, fencing, completion on the real control plane.
 
 * The CRD refuses a job name too long for the pod names derived from it, and
   the longest accepted name really yields valid pods and Services.
@@ -12,6 +12,9 @@
   replaced, not counted against ``backoffLimit``.
 * Agents reporting that they cannot reach their store turn the job's
   ``RendezvousStoreReachable`` condition False, with one Warning Event.
+* A command that cannot start (exit 127) fails the job at once.
+* A job succeeds only once every member of its final round exited 0: rank 0
+  saving after the others exited is neither stopped nor cut short.
 
 The agents here are small HTTP servers in real pods on the harness bridge
 serving fixed reports: the operator's side of the contract, not the agent's.
@@ -41,6 +44,7 @@ from tests.integration.operator.jobs import (
 )
 from tests.support import wait_for
 from torchflex_contract import env, labels
+from torchflex_contract.exit_codes import ExitCode
 from torchflex_operator.agent_status import StatusPoller
 
 pytestmark = pytest.mark.cluster
@@ -327,3 +331,78 @@ def test_agents_blind_to_their_store_show_in_status_and_an_event(
         assert st["storeUnreachableSince"] in cond["message"]
         warned = [m for r, m in event_messages(cluster, namespace, name) if r == "StoreUnreachable"]
         assert len(warned) == 1 and "1 of 1 reporting agent(s)" in warned[0]
+
+
+BAD_COMMAND_AGENT = f"""
+import json, sys
+report = dict(state="Failed", message="cannot run /nonexistent/train.py: no such file")
+with open("/dev/termination-log", "w") as f:
+    f.write(json.dumps(report))
+sys.exit({int(ExitCode.BAD_COMMAND)})
+"""
+
+
+def test_command_that_cannot_start_fails_the_job_at_once(
+    cluster: Cluster, namespace: str, crd: None, kubeconfig_env: None
+) -> None:
+    name = "badcmd"
+    with run_operator(cluster, namespace):
+        # What the agent does when the training command cannot be started.
+        command = ["python", "-c", BAD_COMMAND_AGENT]
+        job = process_job(
+            name, cluster.process_node, command, minReplicas=1, maxReplicas=2, backoffLimit=6
+        )
+        apply(cluster, namespace, job)
+        wait_for(
+            lambda: get_job(cluster, namespace, name).get("status", {}).get("phase") == "Failed",
+            90,
+            "the job Failed",
+        )
+        st = get_job(cluster, namespace, name)["status"]
+        failed = condition(get_job(cluster, namespace, name), "Failed")
+        assert failed is not None and failed["reason"] == "BadCommand"
+        assert "cannot run /nonexistent/train.py" in failed["message"]
+        assert st["failures"] <= 2  # failed at once, not retried up to backoffLimit (6)
+
+
+RANK0_SAVES_LAST = f"""
+import json, os, time
+index = int(os.environ[{env.REPLICA_INDEX!r}])
+# Index 1 holds rank 0 and saves the final model for a while; index 0 (rank 1) is done.
+time.sleep(6 if index == 1 else 1)
+report = dict(state="Succeeded", round=2, world_size=2, nodes=2, node_rank=1 - index)
+with open("/dev/termination-log", "w") as f:
+    f.write(json.dumps(report))
+"""
+
+
+def test_job_succeeds_only_when_every_member_of_the_final_round_exited_0(
+    cluster: Cluster, namespace: str, crd: None, kubeconfig_env: None
+) -> None:
+    name = "finish"
+    with run_operator(cluster, namespace):
+        command = ["python", "-c", RANK0_SAVES_LAST]
+        job = process_job(name, cluster.process_node, command, minReplicas=2, maxReplicas=2)
+        apply(cluster, namespace, job)
+
+        def phase_of(index: int) -> str:
+            found = [
+                p for p in pods(cluster, namespace, name) if p["metadata"]["name"] == W(name, index)
+            ]
+            return str(found[0]["status"].get("phase")) if found else ""
+
+        wait_for(lambda: phase_of(0) == "Succeeded", 90, "rank 1 (index 0) exited 0")
+        # Rank 0 still saves: the job waits, and nothing stops its pod.
+        job_now = get_job(cluster, namespace, name)
+        assert job_now["status"]["phase"] == "Running", job_now["status"]
+        rank0 = [p for p in pods(cluster, namespace, name) if p["metadata"]["name"] == W(name, 1)]
+        assert rank0 and not rank0[0]["metadata"].get("deletionTimestamp")
+        wait_for(
+            lambda: get_job(cluster, namespace, name)["status"].get("phase") == "Succeeded",
+            90,
+            "the job Succeeded once rank 0 exited 0",
+        )
+        assert phase_of(1) == "Succeeded"  # it ended by itself, never deleted first
+        done = condition(get_job(cluster, namespace, name), "Succeeded")
+        assert done is not None and "all 2 member(s) of rendezvous round 2" in done["message"]
+        assert "Completing" in [r for r, _ in event_messages(cluster, namespace, name)]
