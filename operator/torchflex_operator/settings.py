@@ -33,6 +33,8 @@ class Settings:
     """Grace period when deleting a pod the group declared lost, or a silent store pod."""
     store_replace_after_s: float = 20.0
     """Store errors reported this long, by most answering agents now: the store pod is replaced."""
+    completion_silence_s: float = 60.0
+    """A completing job's awaited pod whose agent does not answer this long is fenced."""
     refusal_retry_s: float = 10.0
     """After the API refused a create with a 403 (admission), wait this long to retry."""
     operator_namespace: str | None = None

@@ -47,7 +47,10 @@ def complete(p: _Pass, verdict: Verdict) -> None:
 
     No pod is created, replaced or rolled (a new member cannot join a job
     that is closed); pods that never reached a node cannot be members of
-    the final round and are deleted.
+    the final round and are deleted. A pod awaited whose agent has not
+    answered ``GET /status`` for ``completion_silence_s`` (frozen, cut off:
+    its peers have exited, so no verdict of theirs will come) is fenced, so
+    the job ends (``FinalRoundIncomplete``) instead of waiting forever.
     """
     if "completingSince" not in p.s:
         p.s["completingSince"] = format_time(p.now)
@@ -55,6 +58,29 @@ def complete(p: _Pass, verdict: Verdict) -> None:
     for pod in p.workers:
         if pod.active and not pod.node_name:
             p.plan.delete(pod)
+    known = {str(e.get("pod")): e for e in p.s.get("silentMembers") or [] if isinstance(e, dict)}
+    silent: list[dict[str, object]] = []
+    for pod in p.workers:
+        if pod.name not in verdict.waiting_for or pod.name not in p.obs.unanswered:
+            continue
+        entry = known.get(pod.name) or {"pod": pod.name, "since": format_time(p.now)}
+        silent.append(entry)
+        since = parse_time(entry.get("since")) or p.now
+        left = p.settings.completion_silence_s - (p.now - since).total_seconds()
+        if left > 0:
+            p.plan.wake_in(left)
+            continue
+        p.plan.delete(pod, grace_s=min(pod.grace_s, p.settings.fence_grace_s))
+        p.plan.event(
+            EventType.WARNING,
+            EventReason.FENCED_POD,
+            f"pod {pod.name} may be a member of the final round but its agent has not "
+            f"answered /status since {entry['since']}: deleting it; the job cannot complete",
+        )
+    if silent:
+        p.s["silentMembers"] = silent
+    else:
+        p.s.pop("silentMembers", None)
     set_condition(
         p.conds,
         ConditionType.AT_DESIRED_SIZE,

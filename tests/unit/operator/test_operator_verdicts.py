@@ -440,3 +440,28 @@ def test_command_that_cannot_start_fails_the_job_at_once() -> None:
     assert result.status["lastFailure"]["reason"] == Reason.USER_ERROR
     assert result.status["failures"] == 1
     assert not [p for p in result.create_pods if "worker" in p["metadata"]["name"]]
+
+
+@pytest.mark.parametrize(("silent_for", "fenced"), [(None, False), (30, False), (61, True)])
+def test_silent_member_awaited_by_a_completing_job_is_fenced_after_a_bound(
+    silent_for: float | None, fenced: bool
+) -> None:
+    """Its peers exited, so no verdict of theirs comes: silence alone, bounded, decides."""
+    reports = {wn(0): final(3, 2, 1)}
+    status: dict[str, Any] = {**RUNNING, "completingSince": ago(100)}
+    if silent_for is not None:
+        status["silentMembers"] = [{"pod": wn(1), "since": ago(silent_for)}]
+    obs = observed(done(0), worker(1), reports=reports, unanswered=frozenset({wn(1)}))
+    result = plan(job(), status, obs, NOW)
+    assert result.status["phase"] == Phase.RUNNING
+    assert [(d.name, d.grace_s) for d in result.delete_pods] == ([(wn(1), 5)] if fenced else [])
+    assert (EventReason.FENCED_POD in reasons(result)) is fenced
+    assert result.status["silentMembers"][0]["since"] == ago(silent_for or 0)
+    # it answers again: forgotten
+    back = plan(job(), result.status, observed(done(0), worker(1), reports=reports), NOW)
+    assert "silentMembers" not in back.status
+    # once it is gone and nothing runs, the round is incomplete
+    gone = dataclasses.replace(worker(1), phase="Failed", exit_code=137, deletion=NOW)
+    end = plan(job(), result.status, observed(done(0), gone, reports=reports), NOW)
+    assert end.status["phase"] == Phase.FAILED
+    assert condition(end, ConditionType.FAILED)["reason"] == Reason.FINAL_ROUND_INCOMPLETE
