@@ -36,7 +36,7 @@ from kubernetes import client, watch
 
 from e2e.cluster import network
 from e2e.cluster.layout import GATEWAY_IP, PROCESS_NODE_IP_PREFIX, PROCESS_NODE_LABEL
-from e2e.kubelet import logserver, podspec, records, sandbox, status, volumes
+from e2e.kubelet import logserver, podspec, provisioner, records, sandbox, status, volumes
 from e2e.kubelet.nodes import NodeHeartbeat
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
@@ -127,6 +127,21 @@ class Kubelet(volumes.Fetcher):
             raise client.ApiException(status=500, reason="TokenRequest returned no token")
         return str(resp.status.token)
 
+    def claim_path(self, ns: str, claim: str) -> Path:
+        pvc = self.core.read_namespaced_persistent_volume_claim(
+            claim, ns, _request_timeout=REQUEST_TIMEOUT_S
+        )
+        name = pvc.spec.volume_name if pvc.spec is not None else None
+        if not name:
+            raise podspec.UnsupportedSpecError(f"claim {ns}/{claim} is not bound")
+        pv = self.core.read_persistent_volume(name, _request_timeout=REQUEST_TIMEOUT_S)
+        host = pv.spec.host_path if pv.spec is not None else None
+        if host is None:
+            raise podspec.UnsupportedSpecError(f"volume {name} is not a directory on this machine")
+        path = Path(host.path)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     # --- watches ---------------------------------------------------------
     def _watch(self, kind: str, lister: Any) -> None:
         while not self.stop.is_set():
@@ -181,6 +196,11 @@ class Kubelet(volumes.Fetcher):
         heartbeat = NodeHeartbeat(self.api, self.nodes, self.stop, PROCESS_NODE_LABEL)
         heartbeat.register()
         threading.Thread(target=heartbeat.loop, daemon=True).start()
+        volumes_provisioner = provisioner.Provisioner(
+            self.api, self.state_dir / "volumes", self.stop
+        )
+        volumes_provisioner.register()
+        threading.Thread(target=volumes_provisioner.loop, daemon=True).start()
         self._serve_logs()
         threading.Thread(
             target=self._watch, args=("pod", self.core.list_pod_for_all_namespaces), daemon=True

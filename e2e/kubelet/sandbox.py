@@ -19,6 +19,12 @@ from e2e.cluster.layout import REPO_ROOT
 from e2e.kubelet.podspec import Mount
 
 TERMINATION_LOG = "/dev/termination-log"
+# The agent image's WORKDIR (docker/agent.Dockerfile), where it ships
+# examples/. Images are not run here: the checkout stands in for the image,
+# seen at this path through an overlay whose writes stay in the pod (a
+# container's writable layer), so a manifest written for the image runs
+# unchanged.
+IMAGE_WORKDIR = "/workspace"
 
 
 def hiding_mounts(mounts: list[Mount], needed: list[Path]) -> list[Mount]:
@@ -83,8 +89,15 @@ def _root_lines(root: Path, overlays: Path, mounts: list[Mount]) -> list[str]:
     # The rbind that holds the pod directory also copied this tmpfs into itself.
     lines.append(f"umount -l {q(str(root) + str(root))} 2>/dev/null || true")
     layers = overlay_dirs([m.target for m in mounts])
-    if layers:
-        lines.append(f"mount -t tmpfs tfoverlays {q(str(overlays))}")
+    lines.append(f"mount -t tmpfs tfoverlays {q(str(overlays))}")
+    if not os.path.lexists(IMAGE_WORKDIR):
+        upper, work = overlays / "image" / "upper", overlays / "image" / "work"
+        inside = q(str(root) + IMAGE_WORKDIR)
+        lines += [
+            f"mkdir -p {q(str(upper))} {q(str(work))} {inside}",
+            f"mount -t overlay tfimage -o lowerdir={REPO_ROOT},upperdir={upper},workdir={work}"
+            f" {inside}",
+        ]
     for i, layer in enumerate(layers):
         upper, work = overlays / f"{i}" / "upper", overlays / f"{i}" / "work"
         inside = q(str(root) + str(layer))

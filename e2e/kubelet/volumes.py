@@ -2,9 +2,11 @@
 
 Where it sits: the process kubelet's ``agent`` calls :func:`prepare` before
 starting a pod's containers. emptyDir → a per-pod directory; hostPath → the
-path itself; configMap / secret / projected (ServiceAccount token from the
-TokenRequest API, the cluster CA, downward API) → files written per pod, so
-in-cluster config works and the pod's RBAC is enforced for real.
+path itself; persistentVolumeClaim → its bound volume's directory (only
+volumes of the kubelet's own provisioner, which are hostPath ones);
+configMap / secret / projected (ServiceAccount token from the TokenRequest
+API, the cluster CA, downward API) → files written per pod, so in-cluster
+config works and the pod's RBAC is enforced for real.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ class Fetcher:
     def token(
         self, ns: str, sa: str, pod: Mapping[str, Any], audience: str | None, seconds: int
     ) -> str:
+        raise NotImplementedError
+
+    def claim_path(self, ns: str, claim: str) -> Path:
+        """The directory behind a bound PersistentVolumeClaim (see provisioner)."""
         raise NotImplementedError
 
 
@@ -100,6 +106,8 @@ def prepare(
             source = Path(vol["hostPath"]["path"])
             if vol["hostPath"].get("type") in ("DirectoryOrCreate", None, ""):
                 source.mkdir(parents=True, exist_ok=True)
+        elif "persistentVolumeClaim" in vol:
+            source = fetch.claim_path(ns, vol["persistentVolumeClaim"]["claimName"])
         elif not source.exists():
             if "configMap" in vol:
                 cm = vol["configMap"]
@@ -117,7 +125,10 @@ def prepare(
         if vm.get("subPath"):
             source = source / vm["subPath"]
             source.mkdir(parents=True, exist_ok=True)
-        mounts.append(Mount(source, vm["mountPath"], bool(vm.get("readOnly"))))
+        read_only = bool(vm.get("readOnly")) or bool(
+            vol.get("persistentVolumeClaim", {}).get("readOnly")
+        )
+        mounts.append(Mount(source, vm["mountPath"], read_only))
     return mounts
 
 
