@@ -278,13 +278,15 @@ class ElasticAgent:
         """Connect within ``timeout`` (default: the join timeout); SIGTERM ends it (exit 75)."""
         deadline = time.monotonic() + (self.config.join_timeout if timeout is None else timeout)
         try:
-            return open_store(
+            store = open_store(
                 self._connect,
                 what=f"{self.config.store_name} ({why})",
                 deadline=deadline,
                 stop=self._terminating,
                 on_error=lambda error: self._update(store_error=error),
             )
+            self._update(store_error="")  # it answers again
+            return store
         except RendezvousInterruptedError as exc:
             log.info("%s", exc)
             raise _AgentExitError(ExitCode.PREEMPTED) from exc
