@@ -145,9 +145,21 @@ PEER = textwrap.dedent(
 )
 
 
+def _only_pods_of(cluster: Cluster, namespace: str) -> bool:
+    """The process node runs no pod of another namespace (earlier tests' pods
+    still terminating would free lower addresses at any moment)."""
+    out = cluster.get_json(
+        "pods", "-A", "--field-selector", f"spec.nodeName={cluster.process_node}"
+    )
+    return all(p["metadata"]["namespace"] == namespace for p in out["items"])
+
+
 def test_recreated_pod_at_the_same_address_announces_its_mac(
     cluster: Cluster, namespace: str
 ) -> None:
+    # The kubelet gives a new pod the lowest free address: with nothing else
+    # on the node, the recreated server gets the deleted one's address.
+    wait_for(lambda: _only_pods_of(cluster, namespace), 120, "the node free of other tests' pods")
     pods.apply(cluster, namespace, pods.pod("srv", SERVER))
     pods.wait_phase(cluster, namespace, "srv", "Running")
     first = pods.get(cluster, namespace, "srv")
