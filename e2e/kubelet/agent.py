@@ -49,6 +49,8 @@ CREATE_RETRY_S = 1.0
 # reset, timed out: urllib3's MaxRetryError and friends), as opposed to an
 # answer (ApiException): retried, never fatal.
 API_UNREACHABLE: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError,)
+# On every pod's PATH (after the system's), standing in for what images ship.
+IMAGE_TOOLS = ("etcd",)
 LOST_REASON = "ContainerStatusUnknown"
 LOST_MESSAGE = "The container could not be located when the kubelet restarted"
 
@@ -95,6 +97,7 @@ class Kubelet(volumes.Fetcher):
         self.stop = threading.Event()
         self.dns_dirty = False
         self.last_api_ok = time.monotonic()
+        self.image_bin = state_dir / "image-bin"
 
     # --- volumes.Fetcher -------------------------------------------------
     def config_map(self, ns: str, name: str) -> dict[str, str]:
@@ -160,6 +163,18 @@ class Kubelet(volumes.Fetcher):
             except Exception:
                 time.sleep(0.5)
 
+    # --- images ------------------------------------------------------------
+    def _link_image_tools(self) -> None:
+        """Images are not run here: the tools an image would have on its PATH
+        come from the pinned toolchain (``etcd``, for a managed etcd pod)."""
+        self.image_bin.mkdir(parents=True, exist_ok=True)
+        info = json.loads((self.state_dir / "cluster.json").read_text())
+        for tool in IMAGE_TOOLS:
+            link, target = self.image_bin / tool, Path(info["bin_dir"]) / tool
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(target)
+
     # --- kubectl logs ----------------------------------------------------
     def _serve_logs(self) -> None:
         ctx = logserver.tls_context(self.state_dir / "pki")
@@ -196,6 +211,7 @@ class Kubelet(volumes.Fetcher):
         heartbeat = NodeHeartbeat(self.api, self.nodes, self.stop, PROCESS_NODE_LABEL)
         heartbeat.register()
         threading.Thread(target=heartbeat.loop, daemon=True).start()
+        self._link_image_tools()
         volumes_provisioner = provisioner.Provisioner(
             self.api, self.state_dir / "volumes", self.stop
         )
@@ -418,6 +434,8 @@ class Kubelet(volumes.Fetcher):
                 config_maps=_EnvLookup(self.config_map, rt.ns),
                 secrets=_EnvLookup(self.secret, rt.ns),
             )
+            if env["PATH"] == podspec.BASE_PATH:
+                env["PATH"] = f"{podspec.BASE_PATH}:{self.image_bin}"
             argv = podspec.container_argv(container, env)
             mounts = volumes.prepare(pod, container, rt.pod_dir, self)
         except API_UNREACHABLE as exc:

@@ -25,6 +25,11 @@ TERMINATION_LOG = "/dev/termination-log"
 # container's writable layer), so a manifest written for the image runs
 # unchanged.
 IMAGE_WORKDIR = "/workspace"
+# Directories a container has to itself, as in its image: the host's content
+# shows through, what the pod writes there stays in the pod (a tmpfs-backed
+# overlay). Without it every pod shared the host's /tmp (a managed etcd pod's
+# /tmp/etcd-data outlived its job and was found by the next one).
+PRIVATE_DIRS = ("/tmp",)
 
 
 def hiding_mounts(mounts: list[Mount], needed: list[Path]) -> list[Mount]:
@@ -88,7 +93,13 @@ def _root_lines(root: Path, overlays: Path, mounts: list[Mount]) -> list[str]:
             lines += [f"touch {dest}", f"mount --bind {q(str(entry))} {dest}"]
     # The rbind that holds the pod directory also copied this tmpfs into itself.
     lines.append(f"umount -l {q(str(root) + str(root))} 2>/dev/null || true")
-    layers = overlay_dirs([m.target for m in mounts])
+    private = [Path(d) for d in PRIVATE_DIRS if os.path.isdir(d)]
+    # Under a private directory a mount point is made in its overlay already.
+    layers = [
+        layer
+        for layer in overlay_dirs([m.target for m in mounts])
+        if not any(p == layer or p in layer.parents for p in private)
+    ]
     lines.append(f"mount -t tmpfs tfoverlays {q(str(overlays))}")
     if not os.path.lexists(IMAGE_WORKDIR):
         upper, work = overlays / "image" / "upper", overlays / "image" / "work"
@@ -98,7 +109,7 @@ def _root_lines(root: Path, overlays: Path, mounts: list[Mount]) -> list[str]:
             f"mount -t overlay tfimage -o lowerdir={REPO_ROOT},upperdir={upper},workdir={work}"
             f" {inside}",
         ]
-    for i, layer in enumerate(layers):
+    for i, layer in enumerate([*private, *layers]):
         upper, work = overlays / f"{i}" / "upper", overlays / f"{i}" / "work"
         inside = q(str(root) + str(layer))
         lines += [

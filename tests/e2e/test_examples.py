@@ -1,11 +1,12 @@
-"""The shipped example, applied unchanged, survives a ``kubectl scale``.
+"""The shipped examples, applied unchanged, survive a ``kubectl scale``.
 
-Where it sits: e2e tier. ``examples/elasticjob-c10d.yaml`` goes through
+Where it sits: e2e tier. Each ``examples/elasticjob-*.yaml`` goes through
 ``kubectl apply -n <test namespace>`` byte for byte (its objects name no
 namespace): its ``workingDir: /workspace`` and command are the agent image's,
 its checkpoints go to the PersistentVolumeClaim it declares (bound by the
-local cluster's default StorageClass). After a scale the re-formed group must
-resume from a checkpoint, not start again from step 1.
+local cluster's default StorageClass); the etcd one runs a managed etcd pod.
+After a scale the re-formed group must resume from a checkpoint, not start
+again from step 1.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from e2e.cluster import Cluster
 from e2e.operator_proc import OperatorProcess
@@ -23,16 +25,30 @@ from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(420)
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elasticjob-c10d.yaml"
-JOB = "mnist-c10d"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_c10d_example_applies_unchanged_and_resumes_after_scale(
-    cluster: Cluster, namespace: str, operator_proc: OperatorProcess, follower: LogFollower
+def _job_name(example: Path) -> str:
+    docs = [d for d in yaml.safe_load_all(example.read_text()) if d]
+    (job,) = [d for d in docs if d["kind"] == "ElasticJob"]
+    return str(job["metadata"]["name"])
+
+
+# Every example, so a new one is held to the same promise.
+@pytest.mark.parametrize("manifest", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_example_applies_unchanged_and_resumes_after_scale(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    manifest: str,
 ) -> None:
-    cluster.kubectl("apply", "-n", namespace, "-f", str(EXAMPLE))
+    example = EXAMPLES / manifest
+    job = _job_name(example)
+    cluster.kubectl("apply", "-n", namespace, "-f", str(example))
     try:
-        # No spec.replicas: maxReplicas (3) workers; the header's scale is to 2.
+        # Three workers (c10d: no spec.replicas means maxReplicas), then the
+        # headers' scale to two.
         t_full = wait_training(follower, 0, 240, world=3)
         wait_for(
             lambda: any(c.step > 0 and c.seen > t_full for c in follower.lines("checkpoint")),
@@ -42,7 +58,7 @@ def test_c10d_example_applies_unchanged_and_resumes_after_scale(
         saved = max(c.step for c in follower.lines("checkpoint"))
         before = current_round(follower)
         t_scale = time.monotonic()
-        cluster.kubectl("scale", f"ej/{JOB}", "-n", namespace, "--replicas=2")
+        cluster.kubectl("scale", f"ej/{job}", "-n", namespace, "--replicas=2")
         wait_training(follower, saved, 180, world=2, after=t_scale)
 
         resumed = [r for r in follower.lines("resumed") if r.round > before]
@@ -50,7 +66,7 @@ def test_c10d_example_applies_unchanged_and_resumes_after_scale(
         assert min(r.step for r in resumed) >= saved
         first = min(s.step for s in follower.lines("step") if s.world == 2 and s.seen > t_scale)
         assert first > saved, f"the re-formed group started at step {first}, not after {saved}"
-        claim = cluster.get_json("pvc", f"{JOB}-ckpt", "-n", namespace)
+        claim = cluster.get_json("pvc", f"{job}-ckpt", "-n", namespace)
         assert claim["status"]["phase"] == "Bound"
     finally:
-        cluster.kubectl("delete", "-n", namespace, "-f", str(EXAMPLE), "--wait=false", check=False)
+        cluster.kubectl("delete", "-n", namespace, "-f", str(example), "--wait=false", check=False)

@@ -60,3 +60,16 @@ def test_targets_through_symlinks_are_resolved_before_mounting(tmp_path: Path) -
     root = tmp_path / "fs"
     text = _script("h", [Mount(src, f"{tmp_path}/var/secrets")], "/", root)
     assert f"{root}/root{tmp_path}/run/secrets" in text
+
+
+def test_tmp_is_private_and_covers_mount_points_below_it(tmp_path: Path) -> None:
+    src = tmp_path / "vol"
+    src.mkdir()
+    root = tmp_path / "fs"
+    target = "/tmp/tf-sandbox-unit-missing/mnt"  # only named, never created
+    text = _script("h", [Mount(src, target)], "/", root)
+    overlays = [ln for ln in text.splitlines() if ln.startswith("mount -t overlay tfoverlay")]
+    # One overlay, of /tmp itself: the missing directory is made inside it.
+    assert len(overlays) == 1
+    assert overlays[0].endswith(f" {root}/root/tmp")
+    assert f"mkdir -p {root}/root{target}" in text
