@@ -47,6 +47,19 @@ def hiding_mounts(mounts: list[Mount], needed: list[Path]) -> list[Mount]:
     return out
 
 
+def _venv_dirs() -> list[Path]:
+    """The checkout's environment and the shared one its .pth line names
+    (scripts/venv.sh): pods run from both."""
+    layer = (REPO_ROOT / ".venv").resolve()
+    shared = [
+        Path(line.strip())
+        for pth in layer.glob("lib/python*/site-packages/torchflex-shared-venv.pth")
+        for line in pth.read_text().splitlines()
+        if line.strip()
+    ]
+    return [layer, *shared]
+
+
 def existing_ancestor(target: str) -> Path:
     """The deepest directory of ``target``'s path that exists on the host."""
     path = Path(target).parent
@@ -124,7 +137,7 @@ def _root_lines(root: Path, overlays: Path, mounts: list[Mount]) -> list[str]:
 
 def _script(hostname: str, mounts: list[Mount], workdir: str, root: Path | None = None) -> str:
     lines = ["set -e", f"hostname {shlex.quote(hostname)}"]
-    needed = [REPO_ROOT, (REPO_ROOT / ".venv").resolve(), *(m.source for m in mounts)]
+    needed = [REPO_ROOT, *_venv_dirs(), *(m.source for m in mounts)]
     skipped = hiding_mounts(mounts, needed)
     for m in skipped:
         # The one place this kubelet departs from a real one: the host path

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from e2e.kubelet.podspec import Mount
-from e2e.kubelet.sandbox import _script, existing_ancestor, hiding_mounts, overlay_dirs
+from e2e.kubelet.sandbox import _script, _venv_dirs, existing_ancestor, hiding_mounts, overlay_dirs
 
 
 def test_volume_over_an_ancestor_of_the_checkout_is_not_mounted() -> None:
@@ -73,3 +73,12 @@ def test_tmp_is_private_and_covers_mount_points_below_it(tmp_path: Path) -> None
     assert len(overlays) == 1
     assert overlays[0].endswith(f" {root}/root/tmp")
     assert f"mkdir -p {root}/root{target}" in text
+
+
+def test_a_volume_over_the_shared_environment_is_not_mounted(tmp_path: Path) -> None:
+    src = tmp_path / "vol"
+    src.mkdir()
+    # The last of them is the shared site-packages named by the layer's .pth.
+    over = _venv_dirs()[-1].parent
+    text = _script("h", [Mount(src, str(over))], "/")
+    assert f"not mounting a volume at {over}" in text
