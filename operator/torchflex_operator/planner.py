@@ -21,7 +21,7 @@ from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.labels import Role
 from torchflex_operator import builders, completion, events, netpol, pacing, rollout, verdicts
 from torchflex_operator.conditions import set_condition
-from torchflex_operator.failures import classify
+from torchflex_operator.failures import classify, succeeded
 from torchflex_operator.observed import Observed, PodView
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import Backend, CleanPodPolicy, JobSpec, format_time, parse_time
@@ -202,10 +202,8 @@ class _Pass:
                 continue
             accounted.append(pod.uid)
             failure = classify(pod, self.obs)
-            if failure.reason is Reason.POD_DELETED:
-                continue  # its deletion was a decision already reported; not a failure
-            if pod.exit_code == ExitCode.RENDEZVOUS_CLOSED:
-                continue  # its agent found the job closed (finished): not a failure
+            if failure.reason is Reason.POD_DELETED or pod.exit_code == ExitCode.RENDEZVOUS_CLOSED:
+                continue  # deleted on purpose (already reported), or found the job closed
             fresh += 1
             if failure.fatal:
                 self.fatal = f"pod {pod.name}: {failure.message[-300:]}"
@@ -413,7 +411,8 @@ class _Pass:
         self.s["observedGeneration"] = self.job.generation
         for key in ("failures", "replacements", "restarts"):
             self.s.setdefault(key, 0)
-        names = {w.name for w in active}
+        # Finished members' final reports count: a job done between polls keeps its world size.
+        names = {w.name for w in self.workers if w.active or succeeded(w)}
         reports = [r for n, r in self.obs.reports.items() if n in names and r.round >= 0]
         if reports:
             rnd = max(r.round for r in reports)

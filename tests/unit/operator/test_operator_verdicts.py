@@ -465,3 +465,10 @@ def test_silent_member_awaited_by_a_completing_job_is_fenced_after_a_bound(
     end = plan(job(), result.status, observed(done(0), gone, reports=reports), NOW)
     assert end.status["phase"] == Phase.FAILED
     assert condition(end, ConditionType.FAILED)["reason"] == Reason.FINAL_ROUND_INCOMPLETE
+
+
+def test_world_size_of_a_job_that_finished_between_polls_comes_from_final_reports() -> None:
+    reports = {wn(i): final(2, 3, i) for i in range(3)}
+    result = plan(job(), RUNNING, observed(done(0), done(1), done(2), reports=reports), NOW)
+    assert result.status["phase"] == Phase.SUCCEEDED
+    assert (result.status["worldSize"], result.status["rendezvousRound"]) == (3, 2)
