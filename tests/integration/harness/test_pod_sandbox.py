@@ -154,9 +154,7 @@ def test_names_come_from_hosts_and_no_dns_is_tried(cluster: Cluster, namespace: 
     assert result["peer"] == "10.1.2.3"
 
 
-def test_mount_points_stay_inside_the_pod(
-    cluster: Cluster, namespace: str, tmp_path: Path
-) -> None:
+def test_mount_points_stay_inside_the_pod(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
     """Volumes at paths the host lacks (a new top-level directory, a new
     directory under an existing one) mount in the pod, and the host
     filesystem gets neither path; workingDir may be such a mount."""
