@@ -3,7 +3,9 @@
 Where it sits: ``python -m e2e.kubelet`` builds a :class:`Kubelet` and calls
 :meth:`Kubelet.run`. Watches feed one event queue; a single thread owns all
 pod runtimes, so there is no locking around them. Node registration and
-heartbeats (Lease + Ready condition) run in their own thread.
+heartbeats (Lease + Ready condition) run in their own thread, as do the
+volume provisioner (``provisioner``) and each node's log endpoint for
+``kubectl logs`` (``logserver``, which reads runtimes by snapshot only).
 
 The API server may go away at any moment (restarts, outages): every call
 from the loop is bounded by a request timeout, a status that could not be
@@ -131,19 +133,7 @@ class Kubelet(volumes.Fetcher):
         return str(resp.status.token)
 
     def claim_path(self, ns: str, claim: str) -> Path:
-        pvc = self.core.read_namespaced_persistent_volume_claim(
-            claim, ns, _request_timeout=REQUEST_TIMEOUT_S
-        )
-        name = pvc.spec.volume_name if pvc.spec is not None else None
-        if not name:
-            raise podspec.UnsupportedSpecError(f"claim {ns}/{claim} is not bound")
-        pv = self.core.read_persistent_volume(name, _request_timeout=REQUEST_TIMEOUT_S)
-        host = pv.spec.host_path if pv.spec is not None else None
-        if host is None:
-            raise podspec.UnsupportedSpecError(f"volume {name} is not a directory on this machine")
-        path = Path(host.path)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return provisioner.claim_path(self.core, ns, claim)
 
     # --- watches ---------------------------------------------------------
     def _watch(self, kind: str, lister: Any) -> None:
@@ -176,33 +166,14 @@ class Kubelet(volumes.Fetcher):
             link.symlink_to(target)
 
     # --- kubectl logs ----------------------------------------------------
-    def _serve_logs(self) -> None:
-        ctx = logserver.tls_context(self.state_dir / "pki")
-        for node, ip in self.nodes.items():
-            try:
-                server = logserver.LogServer(
-                    ip, logserver.KUBELET_PORT, ctx, self._log_of, self.stop
-                )
-            except OSError as exc:
-                # Pods still run; only kubectl logs for this node fails.
-                print(f"[process-kubelet] no log endpoint for {node} on {ip}: {exc}", flush=True)
-                continue
-            server.serve_in_thread()
-
     def _log_of(self, ns: str, pod: str, container: str) -> tuple[Path, bool] | None:
         """Called from the log server's threads: reads a snapshot only."""
         for rt in list(self.runtimes.values()):
             if rt.ns == ns and rt.name == pod and container in rt.records:
                 return rt.pod_dir / f"{container}.log", container in rt.procs
         # A pod this kubelet process never ran (it finished before a restart).
-        dirs = sorted(
-            (self.state_dir / "pods").glob(f"{ns}_{pod}_*"), key=lambda d: d.stat().st_mtime
-        )
-        for pod_dir in reversed(dirs):
-            path = pod_dir / f"{container}.log"
-            if path.exists():
-                return path, False
-        return None
+        path = logserver.newest_log(self.state_dir / "pods", ns, pod, container)
+        return None if path is None else (path, False)
 
     # --- main loop -------------------------------------------------------
     def run(self) -> None:
@@ -217,7 +188,7 @@ class Kubelet(volumes.Fetcher):
         )
         volumes_provisioner.register()
         threading.Thread(target=volumes_provisioner.loop, daemon=True).start()
-        self._serve_logs()
+        logserver.serve(self.nodes, self.state_dir / "pki", self._log_of, self.stop)
         threading.Thread(
             target=self._watch, args=("pod", self.core.list_pod_for_all_namespaces), daemon=True
         ).start()

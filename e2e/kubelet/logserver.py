@@ -201,3 +201,26 @@ class LogServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def serve(nodes: dict[str, str], pki: Path, lookup: LogLookup, stop: threading.Event) -> None:
+    """One server per node (name -> InternalIP), each in its own thread."""
+    ctx = tls_context(pki)
+    for node, ip in nodes.items():
+        try:
+            server = LogServer(ip, KUBELET_PORT, ctx, lookup, stop)
+        except OSError as exc:
+            # Pods still run; only kubectl logs for this node fails.
+            print(f"[process-kubelet] no log endpoint for {node} on {ip}: {exc}", flush=True)
+            continue
+        server.serve_in_thread()
+
+
+def newest_log(pods_dir: Path, ns: str, pod: str, container: str) -> Path | None:
+    """The log of the newest pod directory of that name (``<ns>_<pod>_<uid>``)."""
+    dirs = sorted(pods_dir.glob(f"{ns}_{pod}_*"), key=lambda d: d.stat().st_mtime)
+    for pod_dir in reversed(dirs):
+        path = pod_dir / f"{container}.log"
+        if path.exists():
+            return path
+    return None

@@ -10,7 +10,8 @@ Every node of the process kubelet is the same machine, so such a volume is
 ReadWriteMany for real (what a checkpoint volume shared by every worker
 needs). ``plan`` is pure; the loop only applies it.
 
-``volumes.prepare`` mounts a claim by following claim -> volume -> hostPath.
+``volumes.prepare`` mounts a claim at :func:`claim_path` (claim -> volume ->
+hostPath).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+
+from e2e.kubelet.podspec import UnsupportedSpecError
 
 STORAGE_CLASS = "torchflex-local"
 PROVISIONER = "torchflex.io/process-kubelet"
@@ -138,3 +141,20 @@ class Provisioner:
         while not self.stop.wait(POLL_S):
             with contextlib.suppress(Exception):
                 self.once()
+
+
+def claim_path(core: client.CoreV1Api, ns: str, claim: str) -> Path:
+    """The directory behind a bound claim: claim -> volume -> hostPath."""
+    pvc = core.read_namespaced_persistent_volume_claim(
+        claim, ns, _request_timeout=REQUEST_TIMEOUT_S
+    )
+    name = pvc.spec.volume_name if pvc.spec is not None else None
+    if not name:
+        raise UnsupportedSpecError(f"claim {ns}/{claim} is not bound")
+    pv = core.read_persistent_volume(name, _request_timeout=REQUEST_TIMEOUT_S)
+    host = pv.spec.host_path if pv.spec is not None else None
+    if host is None:
+        raise UnsupportedSpecError(f"volume {name} is not a directory on this machine")
+    path = Path(host.path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
