@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from e2e.kubelet.logserver import tail_offset
+from e2e.kubelet.logserver import newest_log, tail_offset
 from e2e.kubelet.podspec import nsswitch_conf, resolv_conf
 
 HOST_NSSWITCH = "passwd:  files systemd\nhosts:   files dns\nnetworks: files\n"
@@ -41,3 +42,16 @@ def test_tail_offset(tmp_path: Path, data: bytes, lines: int, want: bytes) -> No
     path = tmp_path / "log"
     path.write_bytes(data)
     assert data[tail_offset(path, lines) :] == want
+
+
+def test_newest_log_of_a_pod_name_after_a_kubelet_restart(tmp_path: Path) -> None:
+    """A pod the current kubelet process never ran: its newest directory wins."""
+    old, new = tmp_path / "ns_p_uid1", tmp_path / "ns_p_uid2"
+    for d in (old, new):
+        d.mkdir()
+        (d / "main.log").write_text(d.name)
+    os.utime(old, (1, 1))
+    (tmp_path / "ns_p-other_uid3").mkdir()
+    assert newest_log(tmp_path, "ns", "p", "main") == new / "main.log"
+    assert newest_log(tmp_path, "ns", "p", "sidecar") is None
+    assert newest_log(tmp_path, "ns", "q", "main") is None
