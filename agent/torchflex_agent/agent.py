@@ -8,8 +8,9 @@ Where it sits: ``cli`` builds an ``ElasticAgent`` from the config and calls
                                   \\-> Leaving (SIGTERM, exit 75)
                                   \\-> Failed (restart budget spent, exit 1)
 
-What to do on each observation is decided by ``restart_policy``; this module
-does the I/O: store calls, worker launch and stop, reports.
+This module does the I/O of the loop: store connection, rendezvous calls,
+worker launch, reports. Once a round's workers run, ``supervise`` watches
+them and acts on what ``restart_policy`` decides (failures, fencing, leave).
 
 Things that make a re-formed group train again fast, all started here:
 the presence server (peers see this process die at once, ``liveness``),
@@ -24,7 +25,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 import socket
 import tempfile
 import threading
@@ -45,17 +45,10 @@ from torchflex_agent.errors import (
     RendezvousTimeoutError,
     StoreUnavailableError,
 )
-from torchflex_agent.fence import Lease, lease_duration, reform_grace
+from torchflex_agent.fence import Lease, lease_duration
 from torchflex_agent.health import write_termination_log
 from torchflex_agent.kvstore import KVStore
-from torchflex_agent.liveness import (
-    SILENT,
-    LivenessSettings,
-    PresenceServer,
-    RoundMonitor,
-    probe_peers,
-    read_lost,
-)
+from torchflex_agent.liveness import LivenessSettings, PresenceServer, RoundMonitor
 from torchflex_agent.prewarm import ForkServer, python_launch
 from torchflex_agent.rdzv_logic import (
     NodeDescriptor,
@@ -64,17 +57,13 @@ from torchflex_agent.rdzv_logic import (
     expected_next,
 )
 from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
-from torchflex_agent.restart_policy import (
-    Action,
-    FailureVerdict,
-    Observation,
-    budget_exhausted,
-    decide,
-    judge_failure,
-    root_cause,
+from torchflex_agent.supervise import (
+    STORE_LOST_STOP_GRACE_S,
+    AgentExitError,
+    RoundSupervisor,
+    fail_job,
 )
 from torchflex_agent.workers import (
-    GroupState,
     LaunchContext,
     WorkerGroup,
     command_problem,
@@ -84,35 +73,17 @@ from torchflex_agent.workers import (
 from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState, RestartReason
-from torchflex_contract.store_keys import (
-    FAILURE,
-    FAILURE_COUNTED,
-    FINISHED,
-    RESTARTS,
-    round_key,
-)
 
 if TYPE_CHECKING:
     from torchflex_agent.store_tcp import MasterStore
 
 log = logging.getLogger(__name__)
 
-# After a local worker failure, how long to look for a peer's departure
-# before counting the failure against the restart budget.
-_FAILURE_PROBE_S = 0.5
-_STORE_LOST_STOP_GRACE_S = 1.0
 # Longest wait for the worker fork server's imports before joining anyway.
 _WARMUP_WAIT_S = 120.0
 # Longest an agent with an unrunnable command tries to reach the store to
 # mark the job failed before it exits anyway.
 _MARK_FAILED_CONNECT_S = 5.0
-
-
-class _AgentExitError(Exception):
-    def __init__(self, code: ExitCode, message: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def free_port() -> int:
@@ -159,6 +130,16 @@ class ElasticAgent:
         """Highest job-wide restart count seen: republished if the store forgot it."""
         self._prev_rank = -1
         self._master_store: MasterStore | None = None
+        self._supervisor = RoundSupervisor(
+            config,
+            self.node_id,
+            self._liveness,
+            self._lease,
+            self._wake,
+            self._terminating,
+            self._update,
+            self._counted,
+        )
 
     # -- reporting ------------------------------------------------------
 
@@ -169,6 +150,11 @@ class ElasticAgent:
     def _update(self, **changes: Any) -> None:
         with self._lock:
             self._report = dataclasses.replace(self._report, **changes)
+
+    def _counted(self, restarts: int) -> None:
+        """This agent counted a worker failure: the job-wide count is now ``restarts``."""
+        self._restarts_seen = max(self._restarts_seen, restarts)
+        self._update(restarts=restarts)
 
     # -- control --------------------------------------------------------
 
@@ -182,7 +168,7 @@ class ElasticAgent:
             self._check_command()
             self._start_helpers()
             code, message = self._run(), ""
-        except _AgentExitError as exc:
+        except AgentExitError as exc:
             code, message = exc.code, exc.message
         finally:
             self._stop_helpers()
@@ -289,9 +275,9 @@ class ElasticAgent:
             return store
         except RendezvousInterruptedError as exc:
             log.info("%s", exc)
-            raise _AgentExitError(ExitCode.PREEMPTED) from exc
+            raise AgentExitError(ExitCode.PREEMPTED) from exc
         except StoreUnavailableError as exc:
-            raise _AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
+            raise AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
 
     def _check_command(self) -> None:
         """Before anything else: a command that cannot start fails the job now (exit 127)."""
@@ -300,27 +286,13 @@ class ElasticAgent:
             return
         try:
             store = self._open_store("to mark the job failed", _MARK_FAILED_CONNECT_S)
-        except _AgentExitError as exc:
+        except AgentExitError as exc:
             log.warning("job not marked failed in the store: %s", exc.message or "SIGTERM")
         else:
             node = NodeDescriptor(self.node_id, self.config.node_addr, 0, self._nproc)
-            self._fail_job(Rendezvous(store, self.config.run_id, node, self._settings), problem)
+            fail_job(Rendezvous(store, self.config.run_id, node, self._settings), problem)
             store.close()
-        raise _AgentExitError(ExitCode.BAD_COMMAND, problem)
-
-    def _fail_job(self, rdzv: Rendezvous, problem: str, round_no: int | None = None) -> None:
-        """Close the job's rendezvous as failed (and end our round): nothing will run.
-
-        Other agents stop at their next store read instead of re-forming to
-        try the same command, and replacements exit at once instead of
-        waiting for a round that cannot train.
-        """
-        try:
-            rdzv.close_job("failed", problem)
-            if round_no is not None:
-                rdzv.mark_stale(round_no, RestartReason.WORKER_FAILED, problem)
-        except StoreUnavailableError as exc:
-            log.warning("job not marked failed in the store: %s", exc)
+        raise AgentExitError(ExitCode.BAD_COMMAND, problem)
 
     def _run(self) -> ExitCode:
         store = self._open_store("startup")
@@ -351,14 +323,14 @@ class ElasticAgent:
                 expected = None
                 continue
             except JobFailedError as exc:
-                raise _AgentExitError(ExitCode.USER_ERROR, f"job failed: {exc}") from exc
+                raise AgentExitError(ExitCode.USER_ERROR, f"job failed: {exc}") from exc
             except RendezvousClosedError as exc:
                 log.info("%s", exc)
                 return ExitCode.RENDEZVOUS_CLOSED
             except RendezvousTimeoutError as exc:
-                raise _AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
+                raise AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
             except PermanentError as exc:
-                raise _AgentExitError(ExitCode.INFRA_ERROR, f"rendezvous: {exc}") from exc
+                raise AgentExitError(ExitCode.INFRA_ERROR, f"rendezvous: {exc}") from exc
             log.info(
                 "round %d: node rank %d of %d, world size %d, master %s:%d "
                 "(rendezvous took %.1f ms, restarts %d)",
@@ -411,7 +383,7 @@ class ElasticAgent:
     def _run_round(
         self, rdzv: Rendezvous, result: RendezvousResult, restarts: int
     ) -> RestartReason:
-        """Run workers until the round ends; returns why (or raises ``_AgentExitError``)."""
+        """Run workers until the round ends; returns why (or raises ``AgentExitError``)."""
         monitor = RoundMonitor(rdzv, result, self._liveness, self._wake, lease=self._lease)
         monitor.start()  # grants this round's lease before any worker starts
         ctx = LaunchContext(
@@ -424,12 +396,12 @@ class ElasticAgent:
             try:
                 group.start()
             except CommandNotRunnableError as exc:
-                self._fail_job(rdzv, str(exc), result.round)
-                raise _AgentExitError(ExitCode.BAD_COMMAND, str(exc)) from exc
+                fail_job(rdzv, str(exc), result.round)
+                raise AgentExitError(ExitCode.BAD_COMMAND, str(exc)) from exc
             except LaunchError as exc:
                 with contextlib.suppress(StoreUnavailableError):
                     rdzv.mark_stale(result.round, RestartReason.MEMBER_LEFT, str(exc))
-                raise _AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
+                raise AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
             log.info(
                 "round %d: started workers (%d forked warm), pids %s",
                 result.round,
@@ -437,156 +409,9 @@ class ElasticAgent:
                 group.pids,
             )
             self._update(state=AgentState.RUNNING)
-            return self._supervise(rdzv, result, group, monitor)
+            return self._supervisor.supervise(rdzv, result, group, monitor)
         except BaseException:
-            group.stop(_STORE_LOST_STOP_GRACE_S)
+            group.stop(STORE_LOST_STOP_GRACE_S)
             raise
         finally:
             monitor.stop()
-
-    def _supervise(
-        self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, monitor: RoundMonitor
-    ) -> RestartReason:
-        while True:
-            self._wake.wait(self.config.monitor_interval)
-            self._wake.clear()
-            if self._lease.expired():
-                # First, before anything else this wake-up: after a freeze the
-                # workers run again right now, and only a SIGKILL stops them mid-write.
-                return self._fence(rdzv, result, group, "its heartbeat lease ran out")
-            event = monitor.event
-            stale = event.reason if event is not None else None
-            if event is not None and stale is RestartReason.STORE_LOST:
-                log.warning("round %d: store lost: %s", result.round, event.detail)
-                self._update(store_error=event.detail)
-            state, failures = group.poll()
-            if state is GroupState.SUCCEEDED and stale is None:
-                # The stale watcher may lag the workers by a round trip; a
-                # peer's leave makes workers exit 0 too, so ask the store.
-                mark = rdzv.stale_mark(result.round)
-                stale = mark.reason if mark is not None else None
-            action = decide(Observation(state, stale, self._terminating.is_set()))
-            if action is Action.CONTINUE:
-                continue
-            if action is Action.LEAVE:
-                self._leave(rdzv, result, group)
-            if action is Action.SUCCEED:
-                rdzv.store.set(round_key(rdzv.keys, result.round, FINISHED, result.node_rank), b"1")
-                rdzv.close_job("succeeded")
-                group.stop(0.0)
-                raise _AgentExitError(ExitCode.SUCCESS)
-            if action is Action.REFORM:
-                assert stale is not None
-                silent = False
-                if stale is RestartReason.MEMBER_LOST:
-                    lost = read_lost(rdzv.store, rdzv.keys, result.round)
-                    self._report_lost(result, lost)
-                    if any(rank == result.node_rank for rank, _how in lost):
-                        return self._fence(rdzv, result, group, "the group declared it lost")
-                    silent = any(how == SILENT for _rank, how in lost)
-                grace = reform_grace(
-                    self.config.stop_grace,
-                    _STORE_LOST_STOP_GRACE_S,
-                    store_lost=stale is RestartReason.STORE_LOST,
-                    silent=silent,
-                )
-                group.stop(grace)
-                return stale
-            return self._on_failure(rdzv, result, group, failures[0].describe())
-
-    def _fence(
-        self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, why: str
-    ) -> RestartReason:
-        """This member cannot prove it is one: SIGKILL its workers now, then re-form.
-
-        No grace: peers may already have re-formed without us, and a worker
-        that checkpoints now would write over the live group's state.
-        """
-        self._lease.revoke()
-        group.signal(signal.SIGKILL)
-        log.warning(
-            "round %d: fenced: node rank %d %s; workers killed",
-            result.round,
-            result.node_rank,
-            why,
-        )
-        group.stop(0.0)
-        rdzv.mark_stale(
-            result.round, RestartReason.MEMBER_LOST, f"node rank {result.node_rank} fenced: {why}"
-        )  # a store error here is the StoreLost path
-        return RestartReason.MEMBER_LOST
-
-    def _report_lost(self, result: RendezvousResult, lost: tuple[tuple[int, str], ...]) -> None:
-        """Name the pods of members this round declared lost (read by the operator)."""
-        pods = tuple(
-            result.nodes[rank].pod
-            for rank, _how in lost
-            if 0 <= rank < result.num_nodes and result.nodes[rank].pod
-        )
-        if pods:
-            log.warning("round %d: lost member pod(s): %s", result.round, ", ".join(pods))
-            self._update(lost_pods=pods, lost_round=result.round)
-
-    def _on_failure(
-        self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, message: str
-    ) -> RestartReason:
-        log.warning("round %d: %s", result.round, message)
-        self._update(message=message)
-        rdzv.store.set(
-            round_key(rdzv.keys, result.round, FAILURE, result.node_rank), message.encode()
-        )
-        mark = probe_peers(rdzv, result, _FAILURE_PROBE_S, self._liveness)
-        verdict = judge_failure(mark.reason if mark is not None else None)
-        if verdict is FailureVerdict.COUNT:
-            claim = self.node_id.encode()
-            key = round_key(rdzv.keys, result.round, FAILURE_COUNTED)
-            if rdzv.store.compare_set(key, None, claim) != claim:
-                verdict = FailureVerdict.COUNTED_ELSEWHERE
-            else:
-                restarts = rdzv.store.add(rdzv.keys.key(RESTARTS), 1)
-                self._restarts_seen = max(self._restarts_seen, restarts)
-                self._update(restarts=restarts)
-                if budget_exhausted(restarts, self.config.max_restarts):
-                    message = root_cause(message, self._peer_failures(rdzv, result))
-                    text = (
-                        f"worker failure after {restarts - 1} restarts "
-                        f"(max {self.config.max_restarts}): {message}"
-                    )
-                    rdzv.close_job("failed", text)
-                    rdzv.mark_stale(result.round, RestartReason.WORKER_FAILED, message)
-                    group.stop(self.config.stop_grace)
-                    raise _AgentExitError(ExitCode.USER_ERROR, text)
-                rdzv.mark_stale(result.round, RestartReason.WORKER_FAILED, message)
-        log.info("round %d: worker failure judged %s", result.round, verdict.value)
-        if mark is not None and mark.reason is RestartReason.MEMBER_LOST:
-            self._report_lost(result, read_lost(rdzv.store, rdzv.keys, result.round))
-        group.stop(self.config.stop_grace)
-        if verdict is FailureVerdict.COLLATERAL and mark is not None:
-            return mark.reason
-        return RestartReason.WORKER_FAILED
-
-    @staticmethod
-    def _peer_failures(rdzv: Rendezvous, result: RendezvousResult) -> list[str]:
-        """What the other members reported for this round (probed already, so
-        a failure that hit several nodes at once has had time to arrive)."""
-        out = []
-        for rank in range(result.num_nodes):
-            if rank == result.node_rank:
-                continue
-            raw = rdzv.store.get(round_key(rdzv.keys, result.round, FAILURE, rank))
-            if raw:
-                out.append(raw.decode(errors="replace"))
-        return out
-
-    def _leave(self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup) -> None:
-        """SIGTERM: tell peers first (so their workers stop in step), then drain ours."""
-        self._update(state=AgentState.LEAVING)
-        try:
-            rdzv.mark_stale(result.round, RestartReason.MEMBER_LEFT, self.node_id)
-        except StoreUnavailableError as exc:
-            log.warning("could not announce leave: %s", exc)
-        group.signal(signal.SIGTERM)
-        if not group.wait(self.config.termination_grace):
-            log.warning("workers still running after %.0fs; killing", self.config.termination_grace)
-        group.stop(0.0)
-        raise _AgentExitError(ExitCode.PREEMPTED)

@@ -1,6 +1,6 @@
 """Pure decisions of the agent loop: given what was observed, what to do next.
 
-Where it sits: ``agent.ElasticAgent`` gathers observations (worker group
+Where it sits: ``supervise.RoundSupervisor`` gathers observations (worker group
 state, the round's stale mark, SIGTERM, store loss) and acts on the
 ``Action`` these functions return; keeping them free of I/O lets the rules
 be table-tested. The rules: membership changes never consume the restart
