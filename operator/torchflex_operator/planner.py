@@ -232,7 +232,7 @@ class _Pass:
         self.s["accountedPods"] = [u for u in accounted if u in live][
             -self.settings.accounted_pods_kept :
         ]
-        if fresh:
+        if fresh and not self.fatal:  # a fatal failure ends the job: nothing is replaced
             last = self._since("lastReplacementTime")
             streak = int(self.s.get("replacementStreak", 0))
             streak = (
