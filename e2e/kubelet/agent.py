@@ -1,8 +1,9 @@
 """The process kubelet's loop: watch pods, run the ones bound to our nodes.
 
 Where it sits: ``python -m e2e.kubelet`` builds a :class:`Kubelet` and calls
-:meth:`Kubelet.run`. Watches feed one event queue; a single thread owns all
-pod runtimes, so there is no locking around them. Node registration and
+:meth:`Kubelet.run`. Watches (``fetch``) feed one event queue; a single
+thread owns all pod runtimes (``runtime.PodRuntime``), so there is no
+locking around them. Node registration and
 heartbeats (Lease + Ready condition) run in their own thread, as do the
 volume provisioner (``provisioner``) and each node's log endpoint for
 ``kubectl logs`` (``logserver``, which reads runtimes by snapshot only).
@@ -21,7 +22,6 @@ real kubelet after a node reboot: its containers are gone
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import queue
@@ -29,17 +29,17 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import urllib3
-from kubernetes import client, watch
+from kubernetes import client
 
 from e2e.cluster import network
 from e2e.cluster.layout import GATEWAY_IP, PROCESS_NODE_IP_PREFIX, PROCESS_NODE_LABEL
-from e2e.kubelet import logserver, podspec, provisioner, records, sandbox, status, volumes
+from e2e.kubelet import fetch, logserver, podspec, provisioner, runtime, sandbox, status, volumes
 from e2e.kubelet.nodes import NodeHeartbeat
+from e2e.kubelet.runtime import PodRuntime
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
 API_DOWN_EXIT_S = 120.0
@@ -57,37 +57,13 @@ LOST_REASON = "ContainerStatusUnknown"
 LOST_MESSAGE = "The container could not be located when the kubelet restarted"
 
 
-@dataclasses.dataclass
-class PodRuntime:
-    uid: str
-    ns: str
-    name: str
-    node: str
-    host_ip: str
-    ip_index: int
-    netns: str
-    pod_dir: Path
-    start_time: str
-    records: dict[str, status.ContainerRecord]
-    procs: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
-    generation: dict[str, int] = dataclasses.field(default_factory=dict)
-    restart_at: dict[str, float] = dataclasses.field(default_factory=dict)
-    kill_at: float | None = None
-    status_retry_at: float | None = None
-    terminating: bool = False
-    torn_down: bool = False
-
-    @property
-    def ip(self) -> str:
-        return network.pod_ip_for(self.ip_index)
-
-
-class Kubelet(volumes.Fetcher):
+class Kubelet:
     def __init__(
         self, api: client.ApiClient, nodes: list[str], state_dir: Path, api_port: int
     ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
+        self.fetch = fetch.ApiFetcher(self.core)
         self.nodes = {n: f"{PROCESS_NODE_IP_PREFIX}.{i + 1}" for i, n in enumerate(nodes)}
         self.state_dir = state_dir
         self.api_port = api_port
@@ -101,57 +77,8 @@ class Kubelet(volumes.Fetcher):
         self.last_api_ok = time.monotonic()
         self.image_bin = state_dir / "image-bin"
 
-    # --- volumes.Fetcher -------------------------------------------------
-    def config_map(self, ns: str, name: str) -> dict[str, str]:
-        cm = self.core.read_namespaced_config_map(name, ns)
-        return dict(cm.data or {})
-
-    def secret(self, ns: str, name: str) -> dict[str, str]:
-        sec = self.core.read_namespaced_secret(name, ns)
-        return volumes.decode_secret({k: str(v) for k, v in (sec.data or {}).items()})
-
-    def token(
-        self, ns: str, sa: str, pod: Mapping[str, Any], audience: str | None, seconds: int
-    ) -> str:
-        body = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {
-                "audiences": [audience] if audience else [],
-                "expirationSeconds": seconds,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": pod["metadata"]["name"],
-                    "uid": pod["metadata"]["uid"],
-                },
-            },
-        }
-        resp = self.core.create_namespaced_service_account_token(sa, ns, body)  # type: ignore[arg-type]
-        if resp.status is None:
-            raise client.ApiException(status=500, reason="TokenRequest returned no token")
-        return str(resp.status.token)
-
-    def claim_path(self, ns: str, claim: str) -> Path:
-        return provisioner.claim_path(self.core, ns, claim)
-
-    # --- watches ---------------------------------------------------------
-    def _watch(self, kind: str, lister: Any) -> None:
-        while not self.stop.is_set():
-            try:
-                raw = lister(_preload_content=False)
-                data = json.loads(raw.data)
-                self.events.put((f"{kind}-list", data["items"]))
-                rv = data["metadata"]["resourceVersion"]
-                self.last_api_ok = time.monotonic()
-                w = watch.Watch()
-                for ev in w.stream(lister, resource_version=rv, timeout_seconds=30):
-                    self.last_api_ok = time.monotonic()
-                    self.events.put((kind, (ev["type"], ev["raw_object"])))
-                    if self.stop.is_set():
-                        w.stop()
-            except Exception:
-                time.sleep(0.5)
+    def _api_answered(self) -> None:
+        self.last_api_ok = time.monotonic()
 
     # --- images ------------------------------------------------------------
     def _link_image_tools(self) -> None:
@@ -189,14 +116,15 @@ class Kubelet(volumes.Fetcher):
         volumes_provisioner.register()
         threading.Thread(target=volumes_provisioner.loop, daemon=True).start()
         logserver.serve(self.nodes, self.state_dir / "pki", self._log_of, self.stop)
-        threading.Thread(
-            target=self._watch, args=("pod", self.core.list_pod_for_all_namespaces), daemon=True
-        ).start()
-        threading.Thread(
-            target=self._watch,
-            args=("svc", self.core.list_service_for_all_namespaces),
-            daemon=True,
-        ).start()
+        for kind, lister in (
+            ("pod", self.core.list_pod_for_all_namespaces),
+            ("svc", self.core.list_service_for_all_namespaces),
+        ):
+            threading.Thread(
+                target=fetch.list_and_watch,
+                args=(kind, lister, self.events, self.stop, self._api_answered),
+                daemon=True,
+            ).start()
         try:
             while not self.stop.is_set():
                 with contextlib.suppress(queue.Empty):
@@ -253,7 +181,7 @@ class Kubelet(volumes.Fetcher):
         for rt in list(self.runtimes.values()):
             if rt.kill_at is not None and now >= rt.kill_at:
                 for proc in rt.procs.values():
-                    _kill_group(proc)
+                    runtime.kill_group(proc)
                 rt.kill_at = None
             for name, at in list(rt.restart_at.items()):
                 if now >= at and not rt.terminating:
@@ -276,7 +204,7 @@ class Kubelet(volumes.Fetcher):
                 # the FIN/RST a real kubelet's container kill would send
                 # (deleting the veth first leaves peers on half-open sockets).
                 for proc in rt.procs.values():
-                    _kill_group(proc)
+                    runtime.kill_group(proc)
                 for proc in rt.procs.values():
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=2)
@@ -327,14 +255,14 @@ class Kubelet(volumes.Fetcher):
             rt.records[name] = rec
         self.runtimes[uid] = rt
         rt.pod_dir.mkdir(parents=True, exist_ok=True)
-        self._kill_leftovers(rt.pod_dir)
+        runtime.kill_leftovers(rt.pod_dir)
         network.create_pod_netns(uid, rt.ip)
         try:
             network.announce(rt.netns, rt.ip)
         except network.NetworkError as exc:
             # Peers fall back to ARP timeouts; the pod itself is fine.
             print(f"[process-kubelet] {exc}", flush=True)
-        self._write_record(rt)
+        runtime.write_record(rt)
         self._write_hosts()
         for c in containers:
             self._start_container(rt, pod, c["name"])
@@ -344,7 +272,7 @@ class Kubelet(volumes.Fetcher):
         kubelet: reported Failed, never started again."""
         meta = pod["metadata"]
         pod_dir = self.state_dir / "pods" / f"{meta.get('namespace')}_{meta['name']}_{meta['uid']}"
-        self._kill_leftovers(pod_dir)
+        runtime.kill_leftovers(pod_dir)
         network.delete_pod_netns(meta["uid"])
         old = pod.get("status", {})
         doc = status.pod_status(
@@ -360,34 +288,6 @@ class Kubelet(volumes.Fetcher):
                 meta["name"], meta["namespace"], {"status": doc}, _request_timeout=REQUEST_TIMEOUT_S
             )
 
-    def _kill_leftovers(self, pod_dir: Path) -> None:
-        """Processes a previous kubelet process started for this pod and
-        left running (it was SIGKILLed): killed by their recorded identity."""
-        old = records.read(pod_dir)
-        if old is None:
-            return
-        for proc in old.containers.values():
-            if records.is_alive(proc):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-
-    def _write_record(self, rt: PodRuntime) -> None:
-        containers = {}
-        for name, proc in rt.procs.items():
-            ident = records.proc_of(proc.pid)
-            if ident is not None:
-                containers[name] = ident
-        record = records.PodRecord(
-            uid=rt.uid,
-            namespace=rt.ns,
-            name=rt.name,
-            netns=rt.netns,
-            veth=network.veth_name(rt.uid),
-            ip=rt.ip,
-            containers=containers,
-        )
-        records.write(rt.pod_dir, record)
-
     def _start_container(self, rt: PodRuntime, pod: dict[str, Any] | None, name: str) -> None:
         if pod is None:
             return
@@ -402,13 +302,13 @@ class Kubelet(volumes.Fetcher):
                 pod_ip=rt.ip,
                 api_host=GATEWAY_IP,
                 api_port=self.api_port,
-                config_maps=_EnvLookup(self.config_map, rt.ns),
-                secrets=_EnvLookup(self.secret, rt.ns),
+                config_maps=fetch.EnvLookup(self.fetch.config_map, rt.ns),
+                secrets=fetch.EnvLookup(self.fetch.secret, rt.ns),
             )
             if env["PATH"] == podspec.BASE_PATH:
                 env["PATH"] = f"{podspec.BASE_PATH}:{self.image_bin}"
             argv = podspec.container_argv(container, env)
-            mounts = volumes.prepare(pod, container, rt.pod_dir, self)
+            mounts = volumes.prepare(pod, container, rt.pod_dir, self.fetch)
         except API_UNREACHABLE as exc:
             # Config maps, secrets or the token could not be fetched now:
             # try again shortly, as a kubelet does.
@@ -456,7 +356,7 @@ class Kubelet(volumes.Fetcher):
         rec.finished_at = None
         rec.started_at = status.now_rfc3339()
         threading.Thread(target=self._wait, args=(rt.uid, name, gen, proc), daemon=True).start()
-        self._write_record(rt)
+        runtime.write_record(rt)
         self._patch_status(rt)
 
     def _wait(self, uid: str, name: str, gen: int, proc: subprocess.Popen[bytes]) -> None:
@@ -483,7 +383,7 @@ class Kubelet(volumes.Fetcher):
             delay = RESTART_BACKOFF_S[min(rec.restart_count, len(RESTART_BACKOFF_S) - 1)]
             rt.restart_at[name] = time.monotonic() + delay
         if not rt.torn_down:
-            self._write_record(rt)
+            runtime.write_record(rt)
         self._patch_status(rt)
         if not rt.procs and not rt.restart_at:
             self._teardown(rt)
@@ -577,54 +477,10 @@ class Kubelet(volumes.Fetcher):
             pod = self.pods.get(rt.uid)
             if pod is None or rt.torn_down:
                 continue
-            text = podspec.hosts_file(pod, rt.ip, pods, services)
-            path = rt.pod_dir / "hosts"
-            # Rewritten in place: the file is bind-mounted, a rename would
-            # leave the running pod looking at the old inode.
-            if not path.exists() or path.read_text() != text:
-                with path.open("a+") as fh:
-                    fh.seek(0)
-                    fh.truncate()
-                    fh.write(text)
-            resolv = rt.pod_dir / "resolv.conf"
-            if not resolv.exists():
-                resolv.write_text(podspec.resolv_conf(rt.ns))
-            nsswitch = rt.pod_dir / "nsswitch.conf"
-            if not nsswitch.exists():
-                host = Path("/etc/nsswitch.conf")
-                nsswitch.write_text(
-                    podspec.nsswitch_conf(host.read_text() if host.exists() else "")
-                )
+            runtime.write_name_files(rt, pod, pods, services)
 
     def _shutdown(self) -> None:
         for rt in self.runtimes.values():
             for proc in rt.procs.values():
-                _kill_group(proc)
+                runtime.kill_group(proc)
             network.delete_pod_netns(rt.uid)
-
-
-class _EnvLookup(Mapping[str, Mapping[str, str]]):
-    """Lazily read config maps / secrets referenced from env (missing → empty)."""
-
-    def __init__(self, read: Any, ns: str) -> None:
-        self._read, self._ns = read, ns
-
-    def __getitem__(self, name: str) -> Mapping[str, str]:
-        try:
-            return dict(self._read(self._ns, name))
-        except client.ApiException:
-            return {}
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self[name]
-
-    def __iter__(self) -> Any:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)

@@ -1,8 +1,9 @@
 """What the process kubelet records about each pod it runs, and reading it back.
 
-Where it sits: ``agent`` writes ``<pod dir>/runtime.json`` whenever a pod's
-sandbox or a container changes (network namespace, bridge port, address, and
-each container's main PID with its kernel start time). ``faults`` and the
+Where it sits: ``agent`` writes ``<pod dir>/runtime.json``
+(``runtime.write_record``) whenever a pod's sandbox or a container changes
+(network namespace, bridge port, address, and each container's main PID
+with its kernel start time). ``faults`` and the
 tests read it to act on exactly the processes the kubelet started, never on
 processes found by a name pattern. The parsing of ``/proc`` and the process
 tree walk are pure functions over text and maps, unit-tested on their own.

@@ -20,7 +20,7 @@ from e2e.kubelet.podspec import Mount, UnsupportedSpecError
 
 
 class Fetcher:
-    """The few reads and the token request volumes need (implemented by agent)."""
+    """The few reads and the token request volumes need (``fetch.ApiFetcher``)."""
 
     def config_map(self, ns: str, name: str) -> dict[str, str]:
         raise NotImplementedError

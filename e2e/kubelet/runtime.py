@@ -1,0 +1,109 @@
+"""One pod's runtime on a process node: its state, its record, its name files.
+
+Where it sits: ``agent.Kubelet`` keeps a :class:`PodRuntime` per pod it
+runs (address, network namespace, pod directory, container processes and
+their status records) and owns every change to it from its single loop
+thread. The helpers here act on one runtime only and never call the API
+server: writing its ``runtime.json`` (``records``, read by the fault
+helpers), its ``/etc/hosts``, ``resolv.conf`` and ``nsswitch.conf``
+(``podspec``), and killing process groups by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from e2e.cluster import network
+from e2e.kubelet import podspec, records, status
+
+
+@dataclasses.dataclass
+class PodRuntime:
+    uid: str
+    ns: str
+    name: str
+    node: str
+    host_ip: str
+    ip_index: int
+    netns: str
+    pod_dir: Path
+    start_time: str
+    records: dict[str, status.ContainerRecord]
+    procs: dict[str, subprocess.Popen[bytes]] = dataclasses.field(default_factory=dict)
+    generation: dict[str, int] = dataclasses.field(default_factory=dict)
+    restart_at: dict[str, float] = dataclasses.field(default_factory=dict)
+    kill_at: float | None = None
+    status_retry_at: float | None = None
+    terminating: bool = False
+    torn_down: bool = False
+
+    @property
+    def ip(self) -> str:
+        return network.pod_ip_for(self.ip_index)
+
+
+def write_record(rt: PodRuntime) -> None:
+    containers = {}
+    for name, proc in rt.procs.items():
+        ident = records.proc_of(proc.pid)
+        if ident is not None:
+            containers[name] = ident
+    record = records.PodRecord(
+        uid=rt.uid,
+        namespace=rt.ns,
+        name=rt.name,
+        netns=rt.netns,
+        veth=network.veth_name(rt.uid),
+        ip=rt.ip,
+        containers=containers,
+    )
+    records.write(rt.pod_dir, record)
+
+
+def kill_leftovers(pod_dir: Path) -> None:
+    """Processes a previous kubelet process started for this pod and
+    left running (it was SIGKILLed): killed by their recorded identity."""
+    old = records.read(pod_dir)
+    if old is None:
+        return
+    for proc in old.containers.values():
+        if records.is_alive(proc):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def write_name_files(
+    rt: PodRuntime,
+    pod: dict[str, Any],
+    pods: list[dict[str, Any]],
+    services: list[dict[str, Any]],
+) -> None:
+    """The pod's hosts file (every pod and selector Service it can name),
+    resolv.conf and nsswitch.conf (names from /etc/hosts only)."""
+    text = podspec.hosts_file(pod, rt.ip, pods, services)
+    path = rt.pod_dir / "hosts"
+    # Rewritten in place: the file is bind-mounted, a rename would
+    # leave the running pod looking at the old inode.
+    if not path.exists() or path.read_text() != text:
+        with path.open("a+") as fh:
+            fh.seek(0)
+            fh.truncate()
+            fh.write(text)
+    resolv = rt.pod_dir / "resolv.conf"
+    if not resolv.exists():
+        resolv.write_text(podspec.resolv_conf(rt.ns))
+    nsswitch = rt.pod_dir / "nsswitch.conf"
+    if not nsswitch.exists():
+        host = Path("/etc/nsswitch.conf")
+        nsswitch.write_text(podspec.nsswitch_conf(host.read_text() if host.exists() else ""))
