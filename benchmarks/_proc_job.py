@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks._proc_logs import StepLine, parse_steps, pick_victim
+from e2e.kubelet import records
+from e2e.localproc import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -47,37 +48,9 @@ TORCHRUN_CONF = {
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (children first), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def signal_tree(pid: int, sig: signal.Signals) -> None:
     """Signal ``pid`` and every process it spawned (a pod's container dying)."""
-    tree = [pid, *descendants(pid)]
-    for p in tree:
+    for p in records.process_tree(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p, sig)
 

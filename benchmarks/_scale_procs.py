@@ -2,27 +2,20 @@
 
 Where it sits: ``benchmarks.rendezvous`` starts a store server and an etcd
 with it, ``benchmarks.operator_scale`` starts the operator; both stop what
-they started by PID. Every wait is bounded. The /proc readings of the
+they started by PID (``e2e.localproc``, also their free ports). Every wait
+is bounded. The /proc readings of the
 operator's memory and CPU are parsed by pure functions in ``_scale_stats``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLCHAIN = REPO / "e2e" / "toolchain" / "build.sh"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bin_dir() -> Path:
@@ -61,17 +54,3 @@ def wait_line(log: Path, needle: str, timeout: float) -> str:
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise TimeoutError(f"{log.name}: no line with {needle!r} in {timeout:.0f}s\n{tail}")
         time.sleep(0.1)
-
-
-def stop(proc: subprocess.Popen[str], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` seconds; only the process we started."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        proc.wait(10)

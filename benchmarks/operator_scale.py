@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from benchmarks import report
-from benchmarks._scale_procs import REPO, free_port, start_logged, stop
+from benchmarks._scale_procs import REPO, start_logged
 from benchmarks._scale_report import Config, SizeResult, as_json, body, fmt_ms, fmt_s, plot
 from benchmarks._scale_stats import (
     count_by,
@@ -44,6 +44,7 @@ from benchmarks._scale_stats import (
 from benchmarks._scale_watch import PodSeen, Tracker
 from e2e.cluster import Cluster, ensure_up
 from e2e.cluster.layout import KWOK_TAINT_KEY
+from e2e.localproc import free_port, stop_process
 from torchflex_contract import labels
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -94,7 +95,7 @@ class Operator:
         return status_kib(Path(f"/proc/{self.pid}/status").read_text(), field) / 1024
 
     def stop(self) -> None:
-        stop(self.proc, grace=15)
+        stop_process(self.proc, grace=15)
 
 
 def wait_until(what: str, pred: Callable[[], bool], timeout: float, every: float = 0.5) -> bool:
@@ -367,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             report.write_section("operator_scale", "Operator scale on kwok nodes", cmd, text)
         ok = True
     finally:
-        stop(proxy)
+        stop_process(proxy)
         if ok:
             shutil.rmtree(work, ignore_errors=True)
         else:

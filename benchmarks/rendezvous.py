@@ -28,14 +28,8 @@ from typing import Any
 from benchmarks import report
 from benchmarks._rdzv_host import SYSTEMS
 from benchmarks._rdzv_stats import MemberResult, TrialOutcome, evaluate, split_members
-from benchmarks._scale_procs import (
-    REPO,
-    etcd_binary,
-    free_port,
-    start_logged,
-    stop,
-    wait_line,
-)
+from benchmarks._scale_procs import REPO, etcd_binary, start_logged, wait_line
+from e2e.localproc import free_port, stop_process
 
 SIZES: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
 QUICK_SIZES: tuple[int, ...] = (2, 8, 32)
@@ -85,7 +79,7 @@ class Host:
                 self.proc.stdin.close()
             except OSError:
                 pass
-        stop(self.proc, grace=10)
+        stop_process(self.proc, grace=10)
         self._log.close()
 
 
@@ -358,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         for host in hosts:
             host.close()
         for proc in reversed(procs):
-            stop(proc)
+            stop_process(proc)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

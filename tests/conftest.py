@@ -10,7 +10,6 @@ it afterwards. Unit tests never touch these fixtures.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 from e2e.cluster import Cluster, ensure_up, tear_down
 from e2e.cluster.layout import state_dir
-from tests.support import wait_for
+from tests.support import fresh_namespace
 
 
 @pytest.fixture(scope="session")
@@ -39,15 +38,5 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture()
 def namespace(cluster: Cluster) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    # Pods are refused until the ServiceAccount controller made "default".
-    wait_for(
-        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
-        30,
-        f"default ServiceAccount in {name}",
-    )
-    try:
+    with fresh_namespace(cluster, "t") as name:
         yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import ssl
 import sys
 import time
@@ -28,17 +27,12 @@ from e2e.cluster.layout import (
     SERVICE_CIDR,
     Layout,
 )
+from e2e.localproc import free_port
 from e2e.toolchain.versions import KWOK_VERSION
 
 
 class ClusterStartError(RuntimeError):
     """A daemon did not become healthy in time; the message has its log tail."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,8 +35,8 @@ import urllib.request
 from pathlib import Path
 
 from e2e.cluster import processes
-from e2e.cluster.controlplane import free_port
 from e2e.cluster.layout import BRIDGE, SLOT, Layout
+from e2e.localproc import free_port
 from e2e.toolchain.versions import KUBE_NETWORK_POLICIES_VERSION
 
 NAME = "netpol-enforcer"
@@ -146,22 +146,12 @@ def start(lay: Layout, bin_dir: Path, node: str) -> int:
     log_path = lay.logs / f"{NAME}.log"
     offset = log_path.stat().st_size if log_path.exists() else 0
     try:
-        log = log_path.open("ab")
         # The lock travels with the enforcer (pass_fds): held exactly as long as it runs.
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            pass_fds=(fd,),
-        )
-        log.close()
+        pid = processes.spawn(NAME, argv, lay.pids, lay.logs, pass_fds=(fd,))
     finally:
         os.close(fd)
-    (lay.pids / f"{NAME}.json").write_text(json.dumps({"pid": proc.pid, "argv": argv}))
     _wait_synced(lay, metrics, offset)
-    return proc.pid
+    return pid
 
 
 def _wait_synced(lay: Layout, metrics_port: int, offset: int) -> None:

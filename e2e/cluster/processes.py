@@ -30,8 +30,11 @@ def spawn(
     pids: Path,
     logs: Path,
     env: dict[str, str] | None = None,
+    *,
+    pass_fds: tuple[int, ...] = (),
 ) -> int:
-    """Start a daemon in its own session, output to ``logs/<name>.log``."""
+    """Start a daemon in its own session, output to ``logs/<name>.log``;
+    ``pass_fds`` stay open in it (a lock it holds for as long as it runs)."""
     log = (logs / f"{name}.log").open("ab")
     proc = subprocess.Popen(
         argv,
@@ -40,6 +43,7 @@ def spawn(
         stdin=subprocess.DEVNULL,
         start_new_session=True,
         env=env,
+        pass_fds=pass_fds,
     )
     log.close()
     (pids / f"{name}.json").write_text(json.dumps({"pid": proc.pid, "argv": argv}))

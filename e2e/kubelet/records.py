@@ -153,6 +153,13 @@ def all_stats() -> dict[int, Stat]:
     return out
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live process below it, parents before children
+    (for the tests and benchmarks that freeze or kill a process they started)."""
+    parents = {p: st.ppid for p, st in all_stats().items()}
+    return descendants(parents, [pid])
+
+
 def pod_tree(record: PodRecord) -> list[Proc]:
     """Every live process of the pod: each recorded container process that
     still runs as recorded, and everything below it."""

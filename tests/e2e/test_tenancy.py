@@ -18,7 +18,6 @@ store, and ask an agent for its status.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from e2e.trainlog import LogFollower
 from e2e.workload import PROCESS_NODE, TrainingJob, apply, get_job, worker_pods
 from tests.e2e.attacker import MESSAGE
 from tests.e2e.checks import wait_phase, wait_training
-from tests.support import wait_for
+from tests.support import fresh_namespace, wait_for
 from torchflex_contract import labels
 
 pytestmark = pytest.mark.timeout(600)
@@ -39,17 +38,8 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture()
 def other_namespace(cluster: Cluster) -> Iterator[str]:
-    name = f"atk-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    wait_for(
-        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
-        30,
-        f"default ServiceAccount in {name}",
-    )
-    try:
+    with fresh_namespace(cluster, "atk") as name:
         yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 @pytest.fixture()

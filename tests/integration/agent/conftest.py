@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agent.tfagent_helpers import start_etcd, start_store, stop_process
+from e2e.localproc import stop_process
+from tests.integration.agent.tfagent_helpers import start_etcd, start_store
 from torchflex_agent.kvstore import KVStore, MemoryStore
 
 

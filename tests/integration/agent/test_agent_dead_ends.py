@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.localproc import free_port, stop_process
 from tests.integration.agent.conftest import Backend
 from tests.integration.agent.test_agent_processes import Job
 from tests.integration.agent.test_rendezvous_contract import join_all, make_rdzv, pulse
@@ -36,8 +37,6 @@ from tests.integration.agent.tfagent_helpers import (
     PYTHON,
     LineLog,
     child_env,
-    free_port,
-    stop_process,
 )
 from torchflex_agent.errors import (
     JobFailedError,

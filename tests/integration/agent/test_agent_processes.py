@@ -20,16 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from e2e.localproc import free_port, stop_process
 from tests.integration.agent.tfagent_helpers import (
     AGENT_BIN,
     EXAMPLE,
     PYTHON,
     LineLog,
     child_env,
-    free_port,
     start_etcd,
     start_store,
-    stop_process,
 )
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState

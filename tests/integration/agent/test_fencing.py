@@ -24,13 +24,14 @@ from pathlib import Path
 
 import pytest
 
+from e2e.kubelet import records
+from e2e.localproc import free_port
 from tests.integration.agent.test_agent_processes import Job, node_rank, pid_alive, steps_of
 from tests.integration.agent.tfagent_helpers import (
     AGENT_BIN,
     PYTHON,
     LineLog,
     child_env,
-    free_port,
 )
 from torchflex_agent.checkpoint import CheckpointMeta
 from torchflex_contract.exit_codes import ExitCode
@@ -98,25 +99,6 @@ def fjob(tmp_path: Path) -> Iterator[FenceJob]:
         j.close()
 
 
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (from /proc), parents first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def signal_all(pids: list[int], sig: signal.Signals) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -150,7 +132,7 @@ def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
         int(p)
         for p in re.findall(r"\d+", victim.wait_for(lambda s: "pids" in s, 5)[1].split("pids")[1])
     ]
-    fjob.frozen = descendants(victim.proc.pid)
+    fjob.frozen = records.process_tree(victim.proc.pid)
     signal_all(fjob.frozen, signal.SIGSTOP)
     frozen_at = time.monotonic()
     frozen_step = max(step for _, step, _ in steps_of(victim))

@@ -18,8 +18,9 @@ import uuid
 
 import pytest
 
+from e2e.localproc import stop_process
 from tests.integration.agent.conftest import Backend
-from tests.integration.agent.tfagent_helpers import PYTHON, child_env, stop_process
+from tests.integration.agent.tfagent_helpers import PYTHON, child_env
 from torchflex_agent.errors import RendezvousTimeoutError
 from torchflex_agent.liveness import LivenessSettings, RoundMonitor
 from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult, RendezvousSettings

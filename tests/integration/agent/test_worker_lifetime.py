@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agent.tfagent_helpers import PYTHON, child_env, stop_process
+from e2e.localproc import stop_process
+from tests.integration.agent.tfagent_helpers import PYTHON, child_env
 
 # A stand-in agent: launches one worker (`sleep 60`) through WorkerGroup,
 # prints its pid, then waits to be killed.

@@ -8,11 +8,8 @@ bounded. Network: 127.0.0.1 only.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,31 +17,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from e2e.localproc import free_port, stop_process
+
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
 AGENT_BIN = str(VENV_BIN / "torchflex-agent")
 PYTHON = sys.executable
 EXAMPLE = str(REPO / "examples" / "train_elastic.py")
 ETCD_BUILD = REPO / "e2e" / "toolchain" / "build.sh"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def stop_process(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace``; only the process we started, by PID."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait(10)
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -7,9 +7,9 @@ import textwrap
 from typing import Any
 
 import pytest
-import yaml
 
 from e2e.cluster import Cluster
+from tests.integration.harness import pods
 from tests.support import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -33,36 +33,22 @@ def field(path: str) -> dict[str, Any]:
     return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _apply(cluster: Cluster, ns: str, *docs: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-n", ns, "-f", "-", input=yaml.safe_dump_all(docs))
-
-
-def _pod_json(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
-    out = cluster.kubectl("get", "pod", name, "-n", ns, "-o", "json", check=False)
-    return json.loads(out.stdout) if out.returncode == 0 else None
-
-
-def _phase(cluster: Cluster, ns: str, name: str) -> str:
-    pod = _pod_json(cluster, ns, name)
-    return str(pod["status"].get("phase", "")) if pod else "<gone>"
-
-
 def _terminated(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
-    pod = _pod_json(cluster, ns, name)
+    pod = pods.get(cluster, ns, name)
     assert pod is not None
     state: dict[str, Any] = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     return state
 
 
 def test_exit_codes_become_phases(cluster: Cluster, namespace: str) -> None:
-    _apply(
+    pods.apply(
         cluster,
         namespace,
         _pod("ok", "import sys; sys.exit(0)"),
         _pod("bad", "import sys; sys.exit(3)"),
     )
-    wait_for(lambda: _phase(cluster, namespace, "ok") == "Succeeded", 60, "pod ok Succeeded")
-    wait_for(lambda: _phase(cluster, namespace, "bad") == "Failed", 60, "pod bad Failed")
+    wait_for(lambda: pods.phase(cluster, namespace, "ok") == "Succeeded", 60, "pod ok Succeeded")
+    wait_for(lambda: pods.phase(cluster, namespace, "bad") == "Failed", 60, "pod bad Failed")
     assert _terminated(cluster, namespace, "ok")["exitCode"] == 0
     bad = _terminated(cluster, namespace, "bad")
     assert bad["exitCode"] == 3
@@ -93,10 +79,12 @@ def test_env_field_refs_and_termination_message(cluster: Cluster, namespace: str
     ]
     pod["spec"]["containers"][0]["workingDir"] = "/tmp"
     pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "2"}}
-    _apply(cluster, namespace, pod)
-    wait_for(lambda: _phase(cluster, namespace, "envs") == "Succeeded", 60, "pod envs Succeeded")
+    pods.apply(cluster, namespace, pod)
+    wait_for(
+        lambda: pods.phase(cluster, namespace, "envs") == "Succeeded", 60, "pod envs Succeeded"
+    )
     info = json.loads(_terminated(cluster, namespace, "envs")["message"])
-    status = _pod_json(cluster, namespace, "envs")
+    status = pods.get(cluster, namespace, "envs")
     assert status is not None
     assert info["MY_POD"] == "envs"
     assert info["MY_NS"] == namespace
@@ -123,11 +111,11 @@ def test_delete_sends_sigterm_then_sigkill(cluster: Cluster, namespace: str, tmp
     )
     pod = _pod("stubborn", code, volumes=[{"name": "out", "hostPath": {"path": str(tmp_path)}}])
     pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "out", "mountPath": "/out"}]
-    _apply(cluster, namespace, pod)
+    pods.apply(cluster, namespace, pod)
     events = tmp_path / "events"
     wait_for(lambda: events.exists() and "START" in events.read_text(), 60, "process started")
     cluster.kubectl("delete", "pod", "stubborn", "-n", namespace, "--wait=false")
-    wait_for(lambda: _pod_json(cluster, namespace, "stubborn") is None, 60, "pod removed")
+    wait_for(lambda: pods.get(cluster, namespace, "stubborn") is None, 60, "pod removed")
     # SIGTERM was seen and ignored; SIGKILL ended it before the loop finished.
     assert events.read_text().splitlines() == ["START", "TERM"]
 
@@ -167,8 +155,8 @@ def _server_pod() -> dict[str, Any]:
 def _client_result(cluster: Cluster, ns: str, name: str, targets: list[str]) -> dict[str, str]:
     pod = _pod(name, CLIENT)
     pod["spec"]["containers"][0]["command"] += targets
-    _apply(cluster, ns, pod)
-    wait_for(lambda: _phase(cluster, ns, name) in ("Succeeded", "Failed"), 60, f"{name} done")
+    pods.apply(cluster, ns, pod)
+    wait_for(lambda: pods.phase(cluster, ns, name) in ("Succeeded", "Failed"), 60, f"{name} done")
     result: dict[str, str] = json.loads(_terminated(cluster, ns, name)["message"])
     return result
 
@@ -180,19 +168,19 @@ def test_pods_talk_by_dns_names_across_replacement(cluster: Cluster, namespace: 
         "metadata": {"name": "talk"},
         "spec": {"clusterIP": "None", "selector": {"app": "srv"}, "ports": [{"port": 7000}]},
     }
-    _apply(cluster, namespace, headless, _server_pod())
-    wait_for(lambda: _phase(cluster, namespace, "srv") == "Running", 60, "server Running")
+    pods.apply(cluster, namespace, headless, _server_pod())
+    wait_for(lambda: pods.phase(cluster, namespace, "srv") == "Running", 60, "server Running")
     targets = ["srv.talk", f"srv.talk.{namespace}.svc.cluster.local", "talk", f"talk.{namespace}"]
     first = _client_result(cluster, namespace, "client-1", targets)
     assert first == dict.fromkeys(targets, "srv")
-    ip_before = (_pod_json(cluster, namespace, "srv") or {})["status"]["podIP"]
+    ip_before = (pods.get(cluster, namespace, "srv") or {})["status"]["podIP"]
 
     cluster.kubectl("delete", "pod", "srv", "-n", namespace, "--grace-period=1")
-    _apply(cluster, namespace, _server_pod())
-    wait_for(lambda: _phase(cluster, namespace, "srv") == "Running", 60, "server Running again")
+    pods.apply(cluster, namespace, _server_pod())
+    wait_for(lambda: pods.phase(cluster, namespace, "srv") == "Running", 60, "server Running again")
     second = _client_result(cluster, namespace, "client-2", targets)
     assert second == dict.fromkeys(targets, "srv")
-    ip_after = (_pod_json(cluster, namespace, "srv") or {})["status"]["podIP"]
+    ip_after = (pods.get(cluster, namespace, "srv") or {})["status"]["podIP"]
     assert ip_before and ip_after
 
 
@@ -233,9 +221,11 @@ def test_in_cluster_config_enforces_rbac(cluster: Cluster, namespace: str) -> No
         open("/dev/termination-log", "w").write(json.dumps(out))
         """
     )
-    _apply(cluster, namespace, *rbac)
-    _apply(cluster, namespace, _pod("incluster", code, serviceAccountName="reader"))
-    wait_for(lambda: _phase(cluster, namespace, "incluster") in ("Succeeded", "Failed"), 60, "done")
+    pods.apply(cluster, namespace, *rbac)
+    pods.apply(cluster, namespace, _pod("incluster", code, serviceAccountName="reader"))
+    wait_for(
+        lambda: pods.phase(cluster, namespace, "incluster") in ("Succeeded", "Failed"), 60, "done"
+    )
     result = json.loads(_terminated(cluster, namespace, "incluster")["message"])
     assert result["pods"] >= 1
     assert result["secrets"] == 403
@@ -264,13 +254,13 @@ def test_deployment_runs_through_real_controllers(cluster: Cluster, namespace: s
             },
         },
     }
-    _apply(cluster, namespace, deploy)
+    pods.apply(cluster, namespace, deploy)
 
     def running() -> int:
-        pods = cluster.get_json("pods", "-n", namespace, "-l", "app=sleeper")["items"]
+        items = cluster.get_json("pods", "-n", namespace, "-l", "app=sleeper")["items"]
         return sum(
             1
-            for p in pods
+            for p in items
             if p["status"].get("phase") == "Running"
             and p["spec"].get("nodeName") == cluster.process_node
         )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import Cluster
+from e2e.localproc import free_port
 from tests.integration.operator.jobs import apply, kwok_job, live_workers
 from tests.support import wait_for
 
@@ -31,12 +31,6 @@ OPERATOR = REPO / ".venv" / "bin" / "torchflex-operator"
 PEERING_CRDS = REPO / "helm" / "torchflex" / "crds" / "kopf-peerings.yaml"
 LIFETIME_S = 6
 WRITES = ("create", "patch", "delete", "post")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Replica:
