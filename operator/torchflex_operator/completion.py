@@ -6,9 +6,10 @@ the pods themselves: each agent's final report (its termination message)
 carries the round it last trained in, the number of nodes in that round and
 its node rank, so the operator knows which ranks of the final round are
 done whatever pod index held them. torchrun's rule is the same in spirit
-(the job ends when every agent has ended); here the pods that were never
-members of the final round (not started, or still waiting to join) do not
-hold the job open: their agents see the job closed in the store and exit.
+(the job ends when every agent has ended); here a pod not yet on a node
+does not hold the job open, and one still waiting to join holds it only
+until its agent sees the job closed in the store and exits (a polled
+report's round never excuses a running pod: reports lag the rendezvous).
 """
 
 from __future__ import annotations
@@ -45,18 +46,16 @@ def _member_report(pod: PodView, reports: Mapping[str, AgentReport]) -> AgentRep
     return report
 
 
-def _may_be_member(pod: PodView, final: int | None, reports: Mapping[str, AgentReport]) -> bool:
-    """A live worker that could still be in the final round (unknown counts as yes).
+def _may_be_member(pod: PodView) -> bool:
+    """A live worker on a node could still be in the final round.
 
-    A pod not yet on a node cannot be a member; one whose agent says it is in
-    another round is a waiter that will see the job closed and exit.
+    Its polled report cannot rule that out: polls lag by seconds, so a report
+    of an older round is as likely stale (a member that re-formed since) as it
+    is a waiter's. Waiting costs little: a waiter sees the job closed in the
+    store and exits within one wait slice. A pod not yet on a node cannot be
+    a member.
     """
-    if not pod.active or not pod.node_name:
-        return False
-    report = reports.get(pod.name)
-    if final is None or report is None or report.round < 0:
-        return True
-    return report.round == final
+    return pod.active and bool(pod.node_name)
 
 
 def judge(workers: Sequence[PodView], reports: Mapping[str, AgentReport]) -> Verdict | None:
@@ -67,7 +66,7 @@ def judge(workers: Sequence[PodView], reports: Mapping[str, AgentReport]) -> Ver
     finals = {w.name: r for w in done if (r := _member_report(w, reports)) is not None}
     if not finals:
         # Not run under our agent (no report): torchrun's rule, wait for every pod.
-        live = tuple(w.name for w in workers if _may_be_member(w, None, reports))
+        live = tuple(w.name for w in workers if _may_be_member(w))
         if live:
             return Verdict(
                 Outcome.COMPLETING,
@@ -84,7 +83,7 @@ def judge(workers: Sequence[PodView], reports: Mapping[str, AgentReport]) -> Ver
         return Verdict(
             Outcome.SUCCEEDED, f"all {nodes} member(s) of rendezvous round {final} exited 0"
         )
-    live = tuple(w.name for w in workers if _may_be_member(w, final, reports))
+    live = tuple(w.name for w in workers if _may_be_member(w))
     ranks_text = ", ".join(str(r) for r in missing)
     if live:
         return Verdict(

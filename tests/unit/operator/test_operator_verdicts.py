@@ -82,6 +82,14 @@ def condition(result: Plan, ctype: ConditionType) -> dict[str, Any]:
             Outcome.SUCCEEDED,
             (),
         ),
+        # reports lag: a member of round 4 whose last polled report still says round 3
+        # is awaited, not taken for a waiter (the job once failed FinalRoundIncomplete so)
+        (
+            [worker(0), worker(1), done(2)],
+            {wn(0): live(3, node_rank=0), wn(1): live(3, node_rank=1), wn(2): final(4, 3, 2)},
+            Outcome.COMPLETING,
+            (wn(0), wn(1)),
+        ),
         # a running pod without a report may be a member: wait
         (
             [done(0), worker(1)],
