@@ -49,7 +49,8 @@ def _warning_or_plain(line: str) -> bool:
     if not line.startswith("{"):
         return True
     try:
-        return str(json.loads(line).get("severity", "")).lower() == "warning"
+        # kopf's JSON format writes the level as "warn".
+        return str(json.loads(line).get("severity", "")).lower() in ("warn", "warning")
     except ValueError:
         return False
 
