@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.install.release import FORBIDDEN
+from tests.integration.install.release import FORBIDDEN, _warning_or_plain
 
 
 @pytest.mark.parametrize(
@@ -35,3 +35,16 @@ def test_a_refusal_is_seen(line: str) -> None:
 )
 def test_ids_times_and_numbers_are_not_refusals(line: str) -> None:
     assert not FORBIDDEN.search(line)
+
+
+@pytest.mark.parametrize(
+    ("line", "accepted"),
+    [
+        ('{"message": "operator rights withdrawn: x", "severity": "warn"}', True),
+        ('{"message": "operator rights withdrawn: x", "severity": "warning"}', True),
+        ('{"message": "operator rights withdrawn: x", "severity": "error"}', False),
+        ("operator rights withdrawn: x", True),  # logFormat plain carries no level
+    ],
+)
+def test_the_rights_withdrawn_line_must_be_a_warning(line: str, accepted: bool) -> None:
+    assert _warning_or_plain(line) is accepted
