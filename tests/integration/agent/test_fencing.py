@@ -215,8 +215,13 @@ def test_workers_of_a_frozen_agent_fence_themselves(fjob: FenceJob) -> None:
     # its lease had run out: refused by the worker itself, not by its agent.
     _, refused = victim.wait_for(lambda s: "save refused" in s, 30)
     assert "[rank 0]" in refused
-    assert re.search(
-        r"save of step \d+ refused: fenced \((expired|revoked|other-round)\)", victim.text()
+    # The helper's own warning goes to stderr, the script's line to stdout: the two pipes
+    # are read apart, so the warning may arrive after the line that follows it.
+    victim.wait_for(
+        lambda s: bool(
+            re.search(r"save of step \d+ refused: fenced \((expired|revoked|other-round)\)", s)
+        ),
+        10,
     )
     for log in logs:
         log.wait_for(lambda s: bool(re.search(r"step=\d+ .*world=3 ", s)), 90, after=woke_at)
