@@ -18,6 +18,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from typing import NoReturn, assert_never
 
 from torchflex_agent.config import AgentConfig
 from torchflex_agent.errors import StoreUnavailableError
@@ -147,7 +148,9 @@ class RoundSupervisor:
                 )
                 group.stop(grace)
                 return stale
-            return self._on_failure(rdzv, result, group, failures[0].describe())
+            if action is Action.INVESTIGATE_FAILURE:
+                return self._on_failure(rdzv, result, group, failures[0].describe())
+            assert_never(action)  # mypy: every Action has its branch above
 
     def _fence(
         self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, why: str
@@ -232,7 +235,7 @@ class RoundSupervisor:
                 out.append(raw.decode(errors="replace"))
         return out
 
-    def _leave(self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup) -> None:
+    def _leave(self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup) -> NoReturn:
         """SIGTERM: tell peers first (so their workers stop in step), then drain ours."""
         self.update(state=AgentState.LEAVING)
         try:
