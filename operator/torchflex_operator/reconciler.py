@@ -43,7 +43,7 @@ from torchflex_operator.peering import Gate
 from torchflex_operator.planner import Plan, plan
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
-from torchflex_operator.vocabulary import EventType
+from torchflex_operator.vocabulary import EventReason, EventType
 from torchflex_operator.workqueue import WorkQueue, cancel_all
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class Reconciler:
         try:
             job = JobSpec.parse(obj)
         except InvalidSpecError as exc:
-            await self._event(obj, EventType.WARNING, "InvalidSpec", str(exc), now)
+            await self._event(obj, EventType.WARNING, EventReason.INVALID_SPEC, str(exc), now)
             raise
         observed = await self.observe(key, now)
         result = plan(job, obj.get("status") or {}, observed, now, self.settings)

@@ -111,7 +111,6 @@ class EventReason(enum.StrEnum):
     RESUMED = "Resumed"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
-    CLEANED_UP = "CleanedUp"
     TTL_EXPIRED = "TTLExpired"
     COMPLETING = "Completing"
     FENCED_POD = "FencedPod"
@@ -120,6 +119,8 @@ class EventReason(enum.StrEnum):
     REPLACING_STORE = "ReplacingStore"
     CREATE_REFUSED = "CreateRefused"
     PENDING_CAP_REACHED = "PendingCapReached"
+    INVALID_SPEC = "InvalidSpec"
+    """The spec passed the CRD schema but not ``JobSpec.parse`` (Warning; no pass runs)."""
 
 
 class EventType(enum.StrEnum):
