@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from torchflex_operator.spec import format_time
+from torchflex_operator.timestamps import format_time
 from torchflex_operator.vocabulary import ConditionType, Reason
 
 

@@ -30,7 +30,7 @@ from torchflex_operator.errors import (
     RefusedError,
     RetryableError,
 )
-from torchflex_operator.spec import format_time
+from torchflex_operator.timestamps import format_time
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -15,7 +15,7 @@ from typing import Any
 
 from torchflex_contract import labels
 from torchflex_contract.progress import AgentReport
-from torchflex_operator.spec import parse_time
+from torchflex_operator.timestamps import parse_time
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from torchflex_operator.errors import OperatorError
-from torchflex_operator.spec import parse_time
+from torchflex_operator.timestamps import parse_time
 from torchflex_operator.workqueue import cancel_all
 
 log = logging.getLogger(__name__)

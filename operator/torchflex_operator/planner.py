@@ -24,7 +24,8 @@ from torchflex_operator.conditions import set_condition
 from torchflex_operator.failures import classify, succeeded
 from torchflex_operator.observed import Observed, PodView
 from torchflex_operator.settings import Settings
-from torchflex_operator.spec import Backend, CleanPodPolicy, JobSpec, format_time, parse_time
+from torchflex_operator.spec import Backend, CleanPodPolicy, JobSpec
+from torchflex_operator.timestamps import format_time, parse_time
 from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
 
 Manifest = dict[str, Any]

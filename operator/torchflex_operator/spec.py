@@ -1,15 +1,15 @@
-"""Typed, defaulted view of an ElasticJob's ``spec`` and ``status``.
+"""Typed, defaulted view of an ElasticJob's ``spec``.
 
 Where it sits: the pure layer's entry point. ``JobSpec.parse`` turns the raw
 object (a dict from the API) into frozen dataclasses the planner and pod
 builders read; the CRD schema applies the same defaults server-side, these
-are the fallbacks for objects created before a default existed.
+are the fallbacks for objects created before a default existed. The
+``status`` has its own typed value (``status.JobStatus``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import enum
 from collections.abc import Mapping
 from typing import Any
@@ -131,18 +131,3 @@ class JobSpec:
         ):
             raise InvalidSpecError("spec.rendezvous.endpoint is required for backend etcd")
         return job
-
-
-def parse_time(value: object) -> dt.datetime | None:
-    """RFC 3339 from the API (``2024-01-01T00:00:00Z``) to an aware datetime."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
-
-
-def format_time(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -27,7 +27,7 @@ from torchflex_operator.completion import Verdict
 from torchflex_operator.conditions import get_condition, set_condition
 from torchflex_operator.observed import PodView
 from torchflex_operator.pacing import Budget
-from torchflex_operator.spec import format_time, parse_time
+from torchflex_operator.timestamps import format_time, parse_time
 from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
 
 if TYPE_CHECKING:
