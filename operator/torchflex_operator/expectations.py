@@ -5,7 +5,8 @@ reconciler overlays them on the cached pods before planning, so a pass that
 runs before the watch event arrives still sees the pod it just created (and
 never creates it twice) or the pod it just deleted as terminating. An
 expectation ends when the cache catches up, or after a timeout (the cache
-may have missed an event; then the API's 409/404 keep us safe). Pure.
+may have missed an event; then the API's 409/404 keep us safe). Keyed by
+the job's ``JobKey`` (namespace, name), as the cache and work queue are. Pure.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from torchflex_operator.cache import JobKey
 from torchflex_operator.observed import PodView
 
 TIMEOUT = dt.timedelta(seconds=60)
@@ -28,24 +30,24 @@ class _JobExpectations:
 
 class Expectations:
     def __init__(self) -> None:
-        self._jobs: dict[str, _JobExpectations] = {}
+        self._jobs: dict[JobKey, _JobExpectations] = {}
 
-    def expect_created(self, job: str, view: PodView, now: dt.datetime) -> None:
+    def expect_created(self, job: JobKey, view: PodView, now: dt.datetime) -> None:
         self._jobs.setdefault(job, _JobExpectations()).created[view.name] = (view, now)
 
-    def expect_deleted(self, job: str, uid: str, now: dt.datetime, *, forced: bool) -> None:
+    def expect_deleted(self, job: JobKey, uid: str, now: dt.datetime, *, forced: bool) -> None:
         self._jobs.setdefault(job, _JobExpectations()).deleted[uid] = (forced, now)
 
-    def forget(self, job: str) -> None:
+    def forget(self, job: JobKey) -> None:
         self._jobs.pop(job, None)
 
-    def pending(self, job: str) -> int:
+    def pending(self, job: JobKey) -> int:
         exp = self._jobs.get(job)
         return 0 if exp is None else len(exp.created) + len(exp.deleted)
 
     def overlay(
         self,
-        job: str,
+        job: JobKey,
         cached: list[PodView],
         now: dt.datetime,
         seen_uids: frozenset[str] = frozenset(),

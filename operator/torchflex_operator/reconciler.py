@@ -126,7 +126,7 @@ class Reconciler:
         self.cache.forget(key)
         self.jobs.pop(key, None)
         self._synced.discard(key)
-        self.expectations.forget(f"{key[0]}/{key[1]}")
+        self.expectations.forget(key)
         self.poller.forget(key)
         self.metrics.job_phase(key, None)
         self._failures.pop(key, None)
@@ -206,9 +206,8 @@ class Reconciler:
     # -- one pass -------------------------------------------------------------------
 
     async def observe(self, key: JobKey, now: dt.datetime) -> Observed:
-        exp_key = f"{key[0]}/{key[1]}"
         pods = self.expectations.overlay(
-            exp_key, self.cache.job_pods(key), now, self.cache.seen_uids(key)
+            key, self.cache.job_pods(key), now, self.cache.seen_uids(key)
         )
         reports = await self.poller.reports(key, pods)
         # A refusal is re-recorded on every refused retry (each refusal_retry_s);
@@ -265,7 +264,7 @@ class Reconciler:
         if any(r.at == now for r in self._refusals.get(key, {}).values()):
             # A create was refused in this pass: say so in status at once.
             requeue = 1.0 if requeue is None else min(requeue, 1.0)
-        if self.expectations.pending(f"{key[0]}/{key[1]}"):
+        if self.expectations.pending(key):
             # An expectation the watch never meets ends by timeout; make sure a
             # pass runs then, even if no event comes (no silent resync wait).
             wake = EXPECTATION_TIMEOUT.total_seconds() + 1.0
@@ -276,7 +275,6 @@ class Reconciler:
         self, key: JobKey, obj: Mapping[str, Any], result: Plan, now: dt.datetime
     ) -> None:
         namespace, name = key
-        exp_key = f"{namespace}/{name}"
         old = obj.get("status") or {}
         if result.status and result.status != old:
             rv = str(obj["metadata"].get("resourceVersion", ""))
@@ -313,7 +311,7 @@ class Reconciler:
             view = PodView.from_pod(
                 {**manifest, "metadata": {**manifest["metadata"], "uid": uid or ""}}
             )
-            self.expectations.expect_created(exp_key, view, now)
+            self.expectations.expect_created(key, view, now)
             if uid is not None:
                 role = manifest["metadata"]["labels"][labels.Label.ROLE]
                 self.metrics.pods_created.labels(role).inc()
@@ -324,7 +322,7 @@ class Reconciler:
                 namespace, victim.name, victim.uid, force=victim.force, grace_s=victim.grace_s
             ):
                 self.metrics.pods_deleted.labels("force" if victim.force else "graceful").inc()
-            self.expectations.expect_deleted(exp_key, victim.uid, now, forced=victim.force)
+            self.expectations.expect_deleted(key, victim.uid, now, forced=victim.force)
         if not refused:
             self._refusals.pop(key, None)
         # Events go out after the status write that carries them (events.py): a

@@ -26,7 +26,7 @@ from torchflex_operator.reconciler import RIGHTS_WITHDRAWN, Reconciler, status_p
 from torchflex_operator.settings import Settings
 from torchflex_operator.workqueue import WorkQueue
 
-JOB = "ns/demo"
+JOB = ("ns", "demo")
 
 
 def test_created_pod_is_seen_until_cache_catches_up() -> None:
@@ -56,8 +56,7 @@ def test_created_pod_already_seen_and_deleted_is_not_resurrected() -> None:
     cache.update_pod("ADDED", pod_obj(name, "new"))
     cache.update_pod("DELETED", pod_obj(name, "new"))
     exp.expect_created(JOB, worker(1, "Pending", uid="new"), NOW)
-    key = ("ns", "demo")
-    assert exp.overlay(JOB, cache.job_pods(key), NOW, cache.seen_uids(key)) == []
+    assert exp.overlay(JOB, cache.job_pods(JOB), NOW, cache.seen_uids(JOB)) == []
     assert exp.pending(JOB) == 0
 
 
