@@ -1,8 +1,10 @@
 """``make bench`` / ``python -m benchmarks``: runs every benchmark, one after another.
 
 Where it sits: the entry point over ``benchmarks/<name>.py``; each of those
-also runs alone (``python -m benchmarks.<name>``) and writes its own section
-of ``benchmarks/RESULTS.md`` through :mod:`benchmarks.report`. Benchmarks run
+also runs alone (``python -m benchmarks.<name>``), takes the common flags of
+:mod:`benchmarks.cli` (``--quick``, ``--json``, ``--reps``, ``--no-write``) and
+writes its own section of ``benchmarks/RESULTS.md`` through
+:mod:`benchmarks.report`. Benchmarks run
 in sequence, never in parallel, so one does not disturb another's timings.
 """
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import report
+from benchmarks.cli import command
 
 # Measured earlier on the same 2-core dev machine and recorded in README.md
 # (commit history); kept here so the section says where each figure is from.
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ci-tests", type=int, help="tests that `.ci/run` passed")
     args = p.parse_args(argv)
     times = parse_time(args.log.read_text(errors="replace"))
-    cmd = "python -m benchmarks._scale_setup " + " ".join(argv if argv else sys.argv[1:])
+    cmd = command("_scale_setup", argv if argv is not None else sys.argv[1:])
     text = body(args.log, times, cluster_up_s=args.cluster_up, ci_s=args.ci, ci_tests=args.ci_tests)
     report.write_section("setup", "Setup", cmd, text)
     return 0

@@ -14,7 +14,6 @@ the arithmetic. Writes the ``operator_scale`` section of RESULTS.md and
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -30,7 +29,6 @@ from typing import Any
 
 import yaml
 
-from benchmarks import report
 from benchmarks._scale_procs import REPO, start_logged
 from benchmarks._scale_report import Config, SizeResult, as_json, body, fmt_ms, fmt_s, plot
 from benchmarks._scale_stats import (
@@ -42,6 +40,7 @@ from benchmarks._scale_stats import (
     status_kib,
 )
 from benchmarks._scale_watch import PodSeen, Tracker
+from benchmarks.cli import BenchCli
 from e2e.cluster import Cluster, ensure_up
 from e2e.cluster.layout import KWOK_TAINT_KEY
 from e2e.localproc import free_port, stop_process
@@ -294,20 +293,19 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.operator_scale", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="20 jobs x 4 pods, 50 nodes; no RESULTS.md")
-    p.add_argument("--jobs", type=int, nargs="+", help="job counts (default 20 50 100 200)")
-    p.add_argument("--pods-per-job", type=int, help="workers per job (default 16)")
-    p.add_argument("--nodes", type=int, help="kwok nodes (default 500)")
-    p.add_argument("--idle", type=float, help="idle window in seconds (default 120)")
-    p.add_argument("--settle", type=float, default=15.0, help="seconds before the idle window")
-    p.add_argument("--timeout", type=float, help="bound of each wait (s; 1200, quick 300)")
-    p.add_argument("--delete-fraction", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md / plots")
-    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
-    args = p.parse_args(argv)
-    q = args.quick
+    cli = BenchCli("operator_scale", __doc__, quick_help="20 jobs x 4 pods, 50 nodes",
+                   json_help="print one JSON object at the end, after the markdown")  # fmt: skip
+    cli.add_argument("--jobs", type=int, nargs="+", help="job counts (default 20 50 100 200)")
+    cli.add_argument("--pods-per-job", type=int, help="workers per job (default 16)")
+    cli.add_argument("--nodes", type=int, help="kwok nodes (default 500)")
+    cli.add_argument("--idle", type=float, help="idle window in seconds (default 120)")
+    cli.add_argument("--settle", type=float, default=15.0, help="seconds before the idle window")
+    cli.add_argument("--timeout", type=float, help="bound of each wait (s; 1200, quick 300)")
+    cli.add_argument("--delete-fraction", type=float, default=0.1)
+    cli.add_argument("--seed", type=int, default=7)
+    bench = cli.parse(argv)
+    args = bench.args
+    q = bench.quick
     cfg = Config(
         jobs=args.jobs or ([20] if q else [20, 50, 100, 200]),
         pods=args.pods_per_job or (4 if q else 16),
@@ -318,7 +316,6 @@ def main(argv: list[str] | None = None) -> int:
         fraction=args.delete_fraction,
         seed=args.seed,
     )
-    write = not (q or args.no_write)
     # make bench / timeout stop us with SIGTERM: unwind so the finally blocks
     # stop the operator and the proxy we started, and delete the namespace.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -357,15 +354,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         text = body(results, cfg)
         print(text)
-        if args.json:
-            print(json.dumps(as_json(results)), flush=True)
-        if write:
+        if bench.json:
+            bench.print_json(as_json(results))
+        if bench.write:
             plot(results)
-            cmd = (
-                "python -m benchmarks.operator_scale"
-                + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
-            )
-            report.write_section("operator_scale", "Operator scale on kwok nodes", cmd, text)
+        bench.write_section("operator_scale", "Operator scale on kwok nodes", text)
         ok = True
     finally:
         stop_process(proxy)

@@ -24,10 +24,7 @@ cases. Writes its section of ``benchmarks/RESULTS.md`` (not with
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import shlex
 import signal
 import sys
 import tempfile
@@ -42,7 +39,8 @@ from benchmarks._proc_logs import (
     resumed_steps,
     steps_lost,
 )
-from benchmarks.report import markdown_table, summarize, write_section
+from benchmarks.cli import BenchCli, subset
+from benchmarks.report import markdown_table, summarize
 
 CASES = ("torchflex", "torchflex-nohook", "torchrun-tuned", "torchrun-tuned-nohook")
 _START_TIMEOUT = 120.0
@@ -170,37 +168,23 @@ Every process of the job shares the machine's cores (see the machine line);
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.preemption", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="1 run each; does not write RESULTS.md")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--reps", type=int, default=None, help="runs per case (default 5, 3 torchrun)")
-    p.add_argument("--cases", default=",".join(CASES), help="comma-separated subset")
-    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
-    args = p.parse_args(argv)
-    cases = [c for c in args.cases.split(",") if c]
-    for c in cases:
-        if c not in CASES:
-            p.error(f"unknown case {c!r}")
+    cli = BenchCli("preemption", __doc__, quick_help="1 run each",
+                   reps_help="runs per case (default 5, 3 torchrun)")  # fmt: skip
+    cli.add_argument("--cases", type=subset(CASES), default=",".join(CASES),
+                     help="comma-separated subset")  # fmt: skip
+    bench = cli.parse(argv)
     trials: list[Trial] = []
     with tempfile.TemporaryDirectory(prefix="tf-preempt-") as tmp:
-        for case in cases:
-            default = 3 if case.startswith("torchrun") else 5
-            reps = 1 if args.quick else (args.reps or default)
+        for case in bench.args.cases:
+            reps = bench.reps(3 if case.startswith("torchrun") else 5)
             for rep in range(reps):
                 trial = run_trial(case, Path(tmp) / f"{case}-{rep}")
                 trials.append(trial)
                 print(f"[preemption] {case} run {rep + 1}/{reps}: {trial}",
                       file=sys.stderr, flush=True)  # fmt: skip
-    result = summary(trials)
-    if not args.quick and not args.no_write:
-        given = argv if argv is not None else sys.argv[1:]
-        cmd = "python -m benchmarks.preemption " + " ".join(shlex.quote(a) for a in given)
-        write_section("preemption", "Preemption: work lost on SIGTERM (process level)",
-                      cmd.strip(), markdown(trials))  # fmt: skip
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(markdown(trials))
+    bench.write_section("preemption", "Preemption: work lost on SIGTERM (process level)",
+                        markdown(trials))  # fmt: skip
+    bench.show(markdown(trials), summary(trials))
     return 0
 
 

@@ -31,10 +31,7 @@ Writes its section of ``benchmarks/RESULTS.md`` (not with ``--quick``);
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import shlex
 import signal
 import sys
 import tempfile
@@ -44,7 +41,8 @@ from typing import Any
 
 from benchmarks._proc_job import TORCHRUN_CONF, Flavor, ProcJob, signal_tree
 from benchmarks._proc_logs import recovery_seconds
-from benchmarks.report import markdown_table, summarize, write_section
+from benchmarks.cli import BenchCli, subset
+from benchmarks.report import markdown_table, summarize
 
 FLAVORS = ("torchflex", "torchrun-tuned", "torchrun-default")
 # Per-phase bounds: generous multiples of the slowest expected case
@@ -244,28 +242,23 @@ def trials_from_json(result: dict[str, Any]) -> list[Trial]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.recovery", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="1 run each; does not write RESULTS.md")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--reps", type=int, default=None, help="runs per launcher (default 5, 3)")
-    p.add_argument("--flavors", default=",".join(FLAVORS), help="comma-separated subset")
-    p.add_argument("--no-join", action="store_true", help="skip the scale-up join")
-    p.add_argument("--trace", action="store_true", help="print log lines around each event")
-    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
-    p.add_argument("--fault", choices=sorted(_FAULTS), default="kill",
-                   help="kill: SIGKILL the node (default); freeze: SIGSTOP it")  # fmt: skip
-    p.add_argument("--freeze-cap", type=float, default=_FREEZE_CAP_S,
-                   help="with --fault freeze: longest wait for a recovery (s)")  # fmt: skip
-    args = p.parse_args(argv)
+    cli = BenchCli("recovery", __doc__, quick_help="1 run each",
+                   reps_help="runs per launcher (default 5, 3)")  # fmt: skip
+    cli.add_argument("--flavors", type=subset(FLAVORS), default=",".join(FLAVORS),
+                     help="comma-separated subset")  # fmt: skip
+    cli.add_argument("--no-join", action="store_true", help="skip the scale-up join")
+    cli.add_argument("--trace", action="store_true", help="print log lines around each event")
+    cli.add_argument("--fault", choices=sorted(_FAULTS), default="kill",
+                     help="kill: SIGKILL the node (default); freeze: SIGSTOP it")  # fmt: skip
+    cli.add_argument("--freeze-cap", type=float, default=_FREEZE_CAP_S,
+                     help="with --fault freeze: longest wait for a recovery (s)")  # fmt: skip
+    bench = cli.parse(argv)
+    args = bench.args
     freeze = args.fault == "freeze"
-    flavors = [f for f in args.flavors.split(",") if f]
-    for f in flavors:
-        if f not in FLAVORS:
-            p.error(f"unknown flavor {f!r}")
     trials: list[Trial] = []
     with tempfile.TemporaryDirectory(prefix="tf-recovery-") as tmp:
-        for flavor in flavors:
-            reps = 1 if args.quick else (args.reps or (3 if flavor == "torchrun-default" else 5))
+        for flavor in args.flavors:
+            reps = bench.reps(3 if flavor == "torchrun-default" else 5)
             for rep in range(reps):
                 trial = run_trial(Flavor(flavor), Path(tmp) / f"{flavor}-{rep}",
                                   join=not (args.no_join or freeze), trace=args.trace,
@@ -282,20 +275,12 @@ def main(argv: list[str] | None = None) -> int:
                     print("   " + line, file=sys.stderr)
     result = summary(trials)
     body = markdown_freeze(trials, result, args.freeze_cap) if freeze else markdown(trials, result)
-    if not args.quick and not args.no_write:
-        cmd = "python -m benchmarks.recovery " + " ".join(
-            shlex.quote(a) for a in (argv or sys.argv[1:])
-        )
-        if freeze:
-            write_section("recovery_freeze", "Recovery after a node freezes (process level)",
-                          cmd.strip(), body)  # fmt: skip
-        else:
-            write_section("recovery", "Recovery after a node's death (process level)",
-                          cmd.strip(), body)  # fmt: skip
-    if args.json:
-        print(json.dumps(result))
+    if freeze:
+        bench.write_section("recovery_freeze", "Recovery after a node freezes (process level)",
+                            body)  # fmt: skip
     else:
-        print(body)
+        bench.write_section("recovery", "Recovery after a node's death (process level)", body)
+    bench.show(body, result)
     return 0
 
 

@@ -29,10 +29,7 @@ Writes its section of ``benchmarks/RESULTS.md`` (not with ``--quick``);
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import shlex
 import shutil
 import sys
 import time
@@ -54,7 +51,7 @@ from benchmarks._cluster_logs import (
 from benchmarks._cluster_report import FLAVORS, Trial, markdown, summary
 from benchmarks._proc_job import wait_until
 from benchmarks._proc_logs import pick_victim
-from benchmarks.report import write_section
+from benchmarks.cli import BenchCli, subset
 from e2e.cluster import Cluster, ensure_up
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes
 from e2e.workload import apply_crd
@@ -245,41 +242,29 @@ def run(flavors: list[str], reps: dict[str, int], kill: str, trace: bool) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.recovery_cluster", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="1 run each; does not write RESULTS.md")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--reps", type=int, default=None, help="runs per launcher (default 3)")
-    p.add_argument("--flavors", default=",".join(FLAVORS), help="comma-separated subset")
-    p.add_argument(
+    cli = BenchCli("recovery_cluster", __doc__, quick_help="1 run each",
+                   reps_help="runs per launcher (default 3)")  # fmt: skip
+    cli.add_argument("--flavors", type=subset(FLAVORS), default=",".join(FLAVORS),
+                     help="comma-separated subset")  # fmt: skip
+    cli.add_argument(
         "--kill",
         choices=("sigkill", "delete"),
         default="sigkill",
         help="SIGKILL the pod's processes (default) or force-delete the pod",
     )
-    p.add_argument("--trace", action="store_true", help="print log tails when a wait fails")
-    p.add_argument("--no-write", action="store_true", help="do not write RESULTS.md")
-    args = p.parse_args(argv)
-    flavors = [f for f in args.flavors.split(",") if f]
-    for f in flavors:
-        if f not in FLAVORS:
-            p.error(f"unknown flavor {f!r}")
-    reps = {f: 1 if args.quick else (args.reps or 3) for f in flavors}
-    trials = run(flavors, reps, args.kill, args.trace)
+    cli.add_argument("--trace", action="store_true", help="print log tails when a wait fails")
+    bench = cli.parse(argv)
+    args = bench.args
+    reps = {f: bench.reps(3) for f in args.flavors}
+    trials = run(args.flavors, reps, args.kill, args.trace)
     result: dict[str, Any] = summary(trials)
     text = markdown(trials, result, args.kill)
-    if not args.quick and not args.no_write:
-        given = argv if argv is not None else sys.argv[1:]
-        cmd = "python -m benchmarks.recovery_cluster " + " ".join(shlex.quote(a) for a in given)
-        write_section(
-            "recovery_cluster",
-            "Recovery after a pod's death (local control plane, operator involved)",
-            cmd.strip(),
-            text,
-        )
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(text)
+    bench.write_section(
+        "recovery_cluster",
+        "Recovery after a pod's death (local control plane, operator involved)",
+        text,
+    )
+    bench.show(text, result)
     return 0
 
 

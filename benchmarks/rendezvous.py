@@ -11,7 +11,6 @@ latency definition lives in ``benchmarks._rdzv_stats``. Writes the
 
 from __future__ import annotations
 
-import argparse
 import json
 import queue
 import shutil
@@ -29,6 +28,7 @@ from benchmarks import report
 from benchmarks._rdzv_host import SYSTEMS
 from benchmarks._rdzv_stats import MemberResult, TrialOutcome, evaluate, split_members
 from benchmarks._scale_procs import REPO, etcd_binary, start_logged, wait_line
+from benchmarks.cli import BenchCli
 from e2e.localproc import free_port, stop_process
 
 SIZES: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
@@ -295,18 +295,21 @@ def _etcd_v2_note(etcd: str, client_port: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.rendezvous", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="sizes 2, 8, 32, 2 reps; no RESULTS.md")
-    p.add_argument("--sizes", type=int, nargs="+", help=f"default {' '.join(map(str, SIZES))}")
-    p.add_argument("--reps", type=int, help="repetitions per cell (default 5, quick 2)")
-    p.add_argument("--procs", type=int, default=8, help="member-hosting processes (default 8)")
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
-    p.add_argument("--timeout", type=float, default=90.0, help="per-trial bound in seconds")
-    p.add_argument("--no-write", action="store_true", help="do not touch RESULTS.md / plots")
-    args = p.parse_args(argv)
-    sizes = tuple(args.sizes or (QUICK_SIZES if args.quick else SIZES))
-    reps = args.reps or (2 if args.quick else 5)
-    write = not (args.quick or args.no_write)
+    cli = BenchCli(
+        "rendezvous",
+        __doc__,
+        quick_help="sizes 2, 8, 32, 2 reps",
+        reps_help="repetitions per cell (default 5, quick 2)",
+        json_help=None,
+    )
+    cli.add_argument("--sizes", type=int, nargs="+", help=f"default {' '.join(map(str, SIZES))}")
+    cli.add_argument("--procs", type=int, default=8, help="member-hosting processes (default 8)")
+    cli.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    cli.add_argument("--timeout", type=float, default=90.0, help="per-trial bound in seconds")
+    bench = cli.parse(argv)
+    args = bench.args
+    sizes = tuple(args.sizes or (QUICK_SIZES if bench.quick else SIZES))
+    reps = bench.reps(5, quick=2)
 
     work = Path(tempfile.mkdtemp(prefix="tf-bench-rdzv-"))
     procs: list[subprocess.Popen[str]] = []
@@ -341,13 +344,9 @@ def main(argv: list[str] | None = None) -> int:
         note = _etcd_v2_note(etcd, client)
         text = body(results, sizes, reps, args.procs, note)
         print(text)
-        if write:
+        if bench.write:
             plot(results, sizes)
-            cmd = (
-                "python -m benchmarks.rendezvous"
-                + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
-            )
-            report.write_section("rendezvous", "Rendezvous latency vs agents", cmd, text)
+        bench.write_section("rendezvous", "Rendezvous latency vs agents", text)
     finally:
         for host in hosts:
             host.close()

@@ -1,7 +1,8 @@
 """Shared by every benchmark: statistics, machine facts, and RESULTS.md sections.
 
 Where it sits: each benchmark module (``benchmarks/<name>.py``) measures, then
-calls :func:`write_section` with its own name; this module owns the layout of
+calls :func:`write_section` with its own name (through :mod:`benchmarks.cli`,
+which adds the command and skips smoke runs); this module owns the layout of
 ``benchmarks/RESULTS.md`` so benchmarks run alone or through ``make bench``
 rewrite only their own section and leave the others as they were.
 """
