@@ -1,4 +1,4 @@
-"""``torchflex-agent`` entry point: parse flags, pick the store backend, run the agent.
+"""``torchflex-agent`` entry point: parse flags, open the backend's store, run the agent.
 
 Where it sits: the console script (``pyproject.toml``) calls ``main``. Three
 modes: ``torchflex-agent store`` serves the per-job TCPStore
@@ -13,16 +13,14 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from torchflex_agent import backends
 from torchflex_agent.config import AgentConfig, parse_args, resolve_nproc
 from torchflex_agent.errors import ConfigError, StoreUnavailableError
-from torchflex_agent.kvstore import KVStore, MemoryStore
 from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import ExitCode
 
@@ -35,43 +33,6 @@ def _cuda_count() -> int:
     import torch
 
     return int(torch.cuda.device_count())
-
-
-def connect_store(config: AgentConfig, deadline: float, memory: MemoryStore | None) -> KVStore:
-    """Open a store connection for ``config``'s backend, retrying until ``deadline``."""
-    if config.rdzv_backend == "memory":
-        assert memory is not None
-        return memory.clone()
-    if config.rdzv_backend == "c10d":
-        from torchflex_agent.store_tcp import connect_with_retry
-
-        ep = config.endpoints[0]
-        try:
-            return connect_with_retry(ep.host, ep.port, deadline)
-        except StoreUnavailableError as exc:
-            # c10d says only "timed out ... while trying to connect"; say why.
-            raise StoreUnavailableError(f"{exc} ({tcp_cause(ep.host, ep.port)})") from exc
-    from torchflex_agent.store_etcd import connect_etcd_with_retry
-
-    tls = None
-    if config.tls_dir:
-        d = Path(config.tls_dir)
-        tls = (str(d / "ca.crt"), str(d / "tls.crt"), str(d / "tls.key"))
-    endpoints = [
-        (ep.protocol if tls is None else "https", ep.host, ep.port) for ep in config.endpoints
-    ]
-    return connect_etcd_with_retry(endpoints, tls, deadline)
-
-
-def tcp_cause(host: str, port: int, timeout: float = 1.0) -> str:
-    """What a plain TCP connect to the store sees: refused, timed out, no such host, or fine."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return "TCP connect works: the store accepts but does not answer"
-    except TimeoutError:
-        return f"TCP connect: no answer within {timeout:g}s"
-    except OSError as exc:
-        return f"TCP connect: {exc.strerror or exc}"
 
 
 def _usage_error(message: str) -> int:
@@ -88,10 +49,8 @@ def _run_agent(config: AgentConfig, environ: Mapping[str, str]) -> int:
         nproc = resolve_nproc(config.nproc_spec, environ.get(tfenv.GPU_LIMIT), _cuda_count)
     except ConfigError as exc:
         return _usage_error(str(exc))
-    memory = MemoryStore() if config.rdzv_backend == "memory" else None
-    agent = ElasticAgent(
-        config, lambda deadline: connect_store(config, deadline, memory), nproc, environ
-    )
+    connect = backends.backend(config.rdzv_backend).opener(config.endpoints, config.tls_dir)
+    agent = ElasticAgent(config, connect, nproc, environ)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
         agent.request_stop()

@@ -12,22 +12,16 @@ import argparse
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn, TypeVar
 
+from torchflex_agent import backends
+from torchflex_agent.backends import Endpoint
 from torchflex_agent.errors import ConfigError
 from torchflex_contract import env as tfenv
+from torchflex_contract.rendezvous_backends import DEFAULT_BACKEND, RendezvousBackend
 
-BACKENDS = ("c10d", "etcd", "memory")
 _T = TypeVar("_T")
-
-
-@dataclasses.dataclass(frozen=True)
-class Endpoint:
-    protocol: str
-    host: str
-    port: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +29,7 @@ class AgentConfig:
     min_nodes: int
     max_nodes: int
     nproc_spec: str
-    rdzv_backend: str
+    rdzv_backend: RendezvousBackend
     endpoints: tuple[Endpoint, ...]
     run_id: str
     last_call: float
@@ -57,11 +51,7 @@ class AgentConfig:
     @property
     def store_name(self) -> str:
         """The rendezvous store as logs name it: backend and endpoints."""
-        if self.rdzv_backend == "etcd":
-            where = ",".join(f"{e.protocol}://{e.host}:{e.port}" for e in self.endpoints)
-        else:
-            where = ",".join(f"{e.host}:{e.port}" for e in self.endpoints)
-        return f"the {self.rdzv_backend} rendezvous store {where}".rstrip()
+        return backends.describe(self.rdzv_backend, self.endpoints)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,37 +89,6 @@ def check_nproc(text: str) -> str:
     if text.isdigit() and 1 <= int(text) <= MAX_NPROC:
         return text
     raise ConfigError(f"--nproc-per-node: expected auto|gpu|cpu|N (1..{MAX_NPROC}), got {text!r}")
-
-
-_HOSTPORT = re.compile(
-    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>\d+))?$"
-)
-
-
-def parse_endpoints(text: str, backend: str) -> tuple[Endpoint, ...]:
-    """``host[:port]`` for c10d; comma-separated ``[http[s]://]host[:port]`` for etcd."""
-    if backend == "memory":
-        return ()
-    if not text:
-        raise ConfigError(f"--rdzv-endpoint: required for the {backend} backend")
-    default_port = tfenv.DEFAULT_STORE_PORT if backend == "c10d" else tfenv.DEFAULT_ETCD_PORT
-    items = [t.strip() for t in text.split(",")] if backend == "etcd" else [text.strip()]
-    out = []
-    for item in items:
-        protocol = "http"
-        rest = item
-        if "://" in item:
-            protocol, rest = item.split("://", 1)
-            if backend != "etcd" or protocol not in ("http", "https"):
-                raise ConfigError(f"--rdzv-endpoint: unsupported scheme in {item!r}")
-        m = _HOSTPORT.match(rest.rstrip("/"))
-        if m is None:
-            raise ConfigError(f"--rdzv-endpoint: expected host[:port], got {item!r}")
-        port = int(m.group("port")) if m.group("port") else default_port
-        if not 0 < port < 65536:
-            raise ConfigError(f"--rdzv-endpoint: port out of range in {item!r}")
-        out.append(Endpoint(protocol, m.group("v6") or m.group("host"), port))
-    return tuple(out)
 
 
 MAX_SECONDS = 86_400.0
@@ -191,8 +150,8 @@ _FLAGS: tuple[_Flag, ...] = (
         ("--rdzv-backend", "--rdzv_backend"),
         "rdzv_backend",
         tfenv.RDZV_BACKEND,
-        "c10d",
-        f"rendezvous store: {', '.join(BACKENDS)}",
+        DEFAULT_BACKEND.value,
+        f"rendezvous store: {', '.join(backends.NAMES)}",
     ),
     _Flag(
         ("--rdzv-endpoint", "--rdzv_endpoint"),
@@ -329,9 +288,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
     if not command:
         raise ConfigError("missing training command (torchflex-agent [options] -- cmd ...)")
     lo, hi = parse_nnodes(ns.nnodes)
-    backend = ns.rdzv_backend
-    if backend not in BACKENDS:
-        raise ConfigError(f"--rdzv-backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    backend = backends.backend(ns.rdzv_backend).name
     run_id = ns.rdzv_id
     if not run_id or run_id == "none":
         raise ConfigError("--rdzv-id: must be set and not 'none' (jobs would share state)")
@@ -351,7 +308,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         max_nodes=hi,
         nproc_spec=check_nproc(ns.nproc_per_node),
         rdzv_backend=backend,
-        endpoints=parse_endpoints(ns.rdzv_endpoint, backend),
+        endpoints=backends.parse_endpoints(ns.rdzv_endpoint, backend),
         run_id=run_id,
         last_call=last_call,
         join_timeout=join_timeout,

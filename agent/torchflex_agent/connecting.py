@@ -2,8 +2,8 @@
 
 Where it sits: ``agent.ElasticAgent`` opens its store connection through
 ``open_store`` at start-up and after losing the store; the ``connect``
-function it passes (``cli.connect_store``) is one backend's
-connect-with-retry until a deadline.
+function it passes (its backend's ``backends.AgentBackend.opener``) is one
+backend's connect-with-retry until a deadline.
 
 Why attempts run on a thread of their own: a backend's connect blocks in
 C code for as long as its attempt lasts (a TCPStore client against a

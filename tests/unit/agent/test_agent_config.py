@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from torchflex_agent.backends import Endpoint
 from torchflex_agent.cli import USAGE_HINT, main
-from torchflex_agent.config import Endpoint, parse_args, parse_endpoints, resolve_nproc
+from torchflex_agent.config import parse_args, resolve_nproc
 from torchflex_agent.errors import ConfigError
 from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import ExitCode
@@ -77,19 +78,6 @@ def test_flags_override_env_and_torchrun_spelling() -> None:
     assert (cfg.min_nodes, cfg.max_nodes, cfg.nproc_spec) == (3, 3, "2")
     assert cfg.endpoints == (Endpoint("http", "::1", 5),)
     assert cfg.command == ("train.py", "--lr", "1")
-
-
-@pytest.mark.parametrize(
-    ("text", "backend", "expected"),
-    [
-        ("store", "c10d", (Endpoint("http", "store", 29400),)),
-        ("a.b-c:1234", "c10d", (Endpoint("http", "a.b-c", 1234),)),
-        ("", "memory", ()),
-        ("http://a:1, https://b", "etcd", (Endpoint("http", "a", 1), Endpoint("https", "b", 2379))),
-    ],
-)
-def test_parse_endpoints(text: str, backend: str, expected: tuple[Endpoint, ...]) -> None:
-    assert parse_endpoints(text, backend) == expected
 
 
 @pytest.mark.parametrize(
