@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from e2e.cluster.layout import REPO_ROOT
+from e2e.localproc import stop_process
 from torchflex_contract import env as contract_env
 
 OPERATOR_BIN = REPO_ROOT / ".venv" / "bin" / "torchflex-operator"
@@ -75,15 +76,8 @@ class OperatorProcess:
             self.proc.wait(timeout=10)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if not self.alive():
-            return
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            stop_process(self.proc, grace=grace_s)
 
     def log_text(self) -> str:
         try:

@@ -8,10 +8,34 @@ from typing import Any
 import yaml
 
 from e2e.cluster import Cluster
-from torchflex_contract import labels
+from torchflex_contract import env, labels
 
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 SLEEP = ["python", "-c", "import time; time.sleep(300)"]
+
+
+def fake_agent(report: str, before: str = "") -> str:
+    """Source (for ``python -c``) of a pod that answers the operator's polls like an agent.
+
+    It serves the JSON of ``report`` (a Python expression) at ``/status`` and
+    "ok" elsewhere on the agent's health port; ``before`` (top-level Python
+    lines, no indentation) runs first and may name what ``report`` uses.
+    """
+    return f"""
+import http.server, json, os, sys, time
+{before}
+report = json.dumps({report}).encode()
+class Status(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = report if self.path == "/status" else b"ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("0.0.0.0", {env.DEFAULT_HEALTH_PORT}), Status).serve_forever()
+"""
 
 
 def kwok_job(name: str, **spec: Any) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import Cluster
-from e2e.localproc import free_port
+from e2e.localproc import free_port, stop_process
 from tests.integration.operator.jobs import apply, kwok_job, live_workers
 from tests.support import wait_for
 
@@ -87,12 +87,7 @@ class Replica:
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.proc, grace=15)
 
 
 @pytest.fixture()

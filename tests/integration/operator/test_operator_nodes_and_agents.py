@@ -23,6 +23,7 @@ from tests.integration.operator.conftest import run_operator
 from tests.integration.operator.jobs import (
     apply,
     event_messages,
+    fake_agent,
     get_job,
     kwok_job,
     pods,
@@ -130,22 +131,11 @@ def test_pod_stuck_terminating_on_lost_node_is_force_deleted_and_replaced(
     assert st["failures"] == 0 and st["phase"] != "Failed"  # backoffLimit 0 and still alive
 
 
-HTTP_SERVER = f"""
-import http.server, json, os
-index = int(os.environ[{env.REPLICA_INDEX!r}])
-report = json.dumps(dict(state="Running", round=5 + index, world_size=2 + index,
-                         node_rank=index, nodes=2, restarts=index + 1)).encode()
-class Status(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = report if self.path == "/status" else b"ok"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("0.0.0.0", {env.DEFAULT_HEALTH_PORT}), Status).serve_forever()
-"""
+HTTP_SERVER = fake_agent(
+    before=f"index = int(os.environ[{env.REPLICA_INDEX!r}])",
+    report="""dict(state="Running", round=5 + index, world_size=2 + index,
+                         node_rank=index, nodes=2, restarts=index + 1)""",
+)
 
 
 def test_agent_progress_reports_reach_job_status(

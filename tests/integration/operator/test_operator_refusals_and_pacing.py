@@ -37,6 +37,7 @@ from tests.integration.operator.jobs import (
     apply,
     condition,
     event_messages,
+    fake_agent,
     get_job,
     kwok_job,
     pods,
@@ -233,28 +234,17 @@ def test_events_left_pending_by_a_dead_operator_are_posted(
     assert posted == ["left by the dead one"]  # once, not once per pass
 
 
-SILENT_OR_REPORTING = f"""
-import http.server, json, os, sys, time
-index = int(os.environ[{env.REPLICA_INDEX!r}])
+SILENT_OR_REPORTING = fake_agent(
+    before=f"""index = int(os.environ[{env.REPLICA_INDEX!r}])
 marker = os.path.join(sys.argv[1], "worker-1-was-silent")
 job = os.environ[{env.JOB_NAME!r}]
 if index == 1 and not os.path.exists(marker):
     open(marker, "w").close()
     time.sleep(600)  # a member gone silent: it never answers /status
-lost = [job + "-worker-1"] if index == 0 else []
-report = json.dumps(dict(state="Running", round=4, world_size=2, node_rank=index, nodes=2,
-                         lost_pods=lost, lost_round=3)).encode()
-class Status(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = report if self.path == "/status" else b"ok"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("0.0.0.0", {env.DEFAULT_HEALTH_PORT}), Status).serve_forever()
-"""
+lost = [job + "-worker-1"] if index == 0 else []""",
+    report="""dict(state="Running", round=4, world_size=2, node_rank=index, nodes=2,
+                         lost_pods=lost, lost_round=3)""",
+)
 
 
 def test_member_declared_lost_and_silent_is_fenced_and_replaced(
@@ -293,21 +283,10 @@ def test_member_declared_lost_and_silent_is_fenced_and_replaced(
     assert len(fenced()) == 1
 
 
-BLIND_TO_STORE = f"""
-import http.server, json
-report = json.dumps(dict(state="Rendezvous", round=2, world_size=2, node_rank=0, nodes=2,
-                         store_error="store 10.0.0.9:29400: no reply within 2.0s")).encode()
-class Status(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = report if self.path == "/status" else b"ok"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("0.0.0.0", {env.DEFAULT_HEALTH_PORT}), Status).serve_forever()
-"""
+BLIND_TO_STORE = fake_agent(
+    report="""dict(state="Rendezvous", round=2, world_size=2, node_rank=0, nodes=2,
+                         store_error="store 10.0.0.9:29400: no reply within 2.0s")""",
+)
 
 
 def test_agents_blind_to_their_store_show_in_status_and_an_event(
