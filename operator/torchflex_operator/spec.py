@@ -3,7 +3,9 @@
 Where it sits: the pure layer's entry point. ``JobSpec.parse`` turns the raw
 object (a dict from the API) into frozen dataclasses the planner and pod
 builders read; the CRD schema applies the same defaults server-side, these
-are the fallbacks for objects created before a default existed. The
+are the fallbacks for objects created before a default existed (the
+agent's defaults in ``torchflex_contract.env`` are the job's; tests/unit/
+test_defaults.py fails when the CRD, these and the agent's differ). The
 ``status`` has its own typed value (``status.JobStatus``).
 """
 
@@ -15,18 +17,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchflex_contract import env
+from torchflex_contract.rendezvous_backends import DEFAULT_BACKEND, SPEC_BACKENDS, RendezvousBackend
 from torchflex_operator.errors import InvalidSpecError
 
 DEFAULT_BACKOFF_LIMIT = 6
-DEFAULT_MAX_RESTARTS = 3
+DEFAULT_MAX_RESTARTS = env.DEFAULT_MAX_RESTARTS
 DEFAULT_MIN_AVAILABLE_TIMEOUT_S = 600
 DEFAULT_JOIN_TIMEOUT_S = int(env.DEFAULT_JOIN_TIMEOUT_S)
 DEFAULT_LAST_CALL_S = env.DEFAULT_LAST_CALL_S
-
-
-class Backend(enum.StrEnum):
-    C10D = "c10d"
-    ETCD = "etcd"
 
 
 class CleanPodPolicy(enum.StrEnum):
@@ -37,7 +35,7 @@ class CleanPodPolicy(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Rendezvous:
-    backend: Backend = Backend.C10D
+    backend: RendezvousBackend = DEFAULT_BACKEND
     endpoint: str | None = None
     tls_secret_name: str | None = None
     join_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S
@@ -88,9 +86,11 @@ class JobSpec:
             max_r = int(spec.get("maxReplicas", min_r))
             replicas = spec.get("replicas")
             rdzv_raw = spec.get("rendezvous") or {}
-            backend = Backend(rdzv_raw.get("backend", Backend.C10D))
+            backend = rdzv_raw.get("backend", DEFAULT_BACKEND)
+            if backend not in SPEC_BACKENDS:  # "memory" is the agent's tests' own
+                raise ValueError(f"{backend!r} is not a valid Backend")
             rdzv = Rendezvous(
-                backend=backend,
+                backend=RendezvousBackend(backend),
                 endpoint=rdzv_raw.get("endpoint"),
                 tls_secret_name=rdzv_raw.get("tlsSecretName"),
                 join_timeout_s=int(rdzv_raw.get("joinTimeoutSeconds", DEFAULT_JOIN_TIMEOUT_S)),
@@ -117,7 +117,7 @@ class JobSpec:
                 suspend=bool(spec.get("suspend", False)),
                 ttl_seconds_after_finished=None if ttl is None else int(ttl),
                 active_deadline_s=None if deadline is None else int(deadline),
-                clean_pod_policy=CleanPodPolicy(spec.get("cleanPodPolicy", "Running")),
+                clean_pod_policy=CleanPodPolicy(spec.get("cleanPodPolicy", CleanPodPolicy.RUNNING)),
                 generation=int(meta.get("generation", 0)),
                 deleting=bool(meta.get("deletionTimestamp")),
                 network_policy=bool((spec.get("networkPolicy") or {}).get("enabled", True)),
@@ -126,7 +126,7 @@ class JobSpec:
             raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc
         if job.min_replicas < 1 or job.max_replicas < job.min_replicas:
             raise InvalidSpecError("need 1 <= spec.minReplicas <= spec.maxReplicas")
-        if job.rendezvous.backend is Backend.ETCD and not (
+        if job.rendezvous.backend is RendezvousBackend.ETCD and not (
             job.rendezvous.endpoint or job.rendezvous.managed_etcd
         ):
             raise InvalidSpecError("spec.rendezvous.endpoint is required for backend etcd")
