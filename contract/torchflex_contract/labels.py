@@ -45,9 +45,6 @@ class Annotation(enum.StrEnum):
 
     SPEC_HASH = "torchflex.io/spec-hash"
     """Hash of the pod spec a pod was built from (rolling changes)."""
-    REPLACES = "torchflex.io/replaces"
-    """UID of the pod this one replaced, for events and counting."""
-    FAILURE_COUNTED = "torchflex.io/failure-counted"
 
 
 def worker_pod_name(job: str, index: int) -> str:
