@@ -46,10 +46,11 @@ from torchflex_agent.errors import (
     StoreUnavailableError,
 )
 from torchflex_agent.fence import Lease, lease_duration
-from torchflex_agent.health import write_termination_log
+from torchflex_agent.health import ReportBoard, write_termination_log
 from torchflex_agent.kvstore import KVStore
 from torchflex_agent.liveness import LivenessSettings, PresenceServer, RoundMonitor
 from torchflex_agent.prewarm import ForkServer, python_launch
+from torchflex_agent.progress import read_progress
 from torchflex_agent.rdzv_logic import (
     NodeDescriptor,
     RendezvousResult,
@@ -67,6 +68,7 @@ from torchflex_agent.workers import (
     LaunchContext,
     WorkerGroup,
     command_problem,
+    progress_file,
     set_pdeathsig,
     worker_base_env,
 )
@@ -109,8 +111,7 @@ class ElasticAgent:
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._terminating = threading.Event()
         self._wake = threading.Event()
-        self._lock = threading.Lock()
-        self._report = AgentReport(state=AgentState.INIT)
+        self._board = ReportBoard(AgentReport(state=AgentState.INIT))
         self._error_dir = Path(tempfile.mkdtemp(prefix="torchflex-errors-"))
         self._settings = RendezvousSettings(
             config.min_nodes,
@@ -144,12 +145,20 @@ class ElasticAgent:
     # -- reporting ------------------------------------------------------
 
     def report(self) -> AgentReport:
-        with self._lock:
-            return self._report
+        """The current report, with what the workers last reported about training."""
+        return self._with_progress(self._board.get())
+
+    def wait_round(self, after: int, timeout: float) -> AgentReport:
+        """The report once the round is not ``after`` (or the agent ends), at most ``timeout``."""
+        return self._with_progress(self._board.wait_round(after, timeout))
+
+    def _with_progress(self, report: AgentReport) -> AgentReport:
+        # Read per request (a few hundred bytes): the workers write it, not us.
+        progress = read_progress(progress_file(self._error_dir))
+        return dataclasses.replace(report, progress=progress) if progress else report
 
     def _update(self, **changes: Any) -> None:
-        with self._lock:
-            self._report = dataclasses.replace(self._report, **changes)
+        self._board.replace(lambda report: dataclasses.replace(report, **changes))
 
     def _counted(self, restarts: int) -> None:
         """This agent counted a worker failure: the job-wide count is now ``restarts``."""
@@ -353,6 +362,7 @@ class ElasticAgent:
                 node_rank=result.node_rank,
                 nodes=result.num_nodes,
                 restarts=restarts,
+                holds_rank0=self._nproc > 0 and result.rank_offset == 0,
             )
             try:
                 reason = self._run_round(rdzv, result, restarts)

@@ -24,6 +24,10 @@ reader sees the old or the new file, never half of one), then records
   a newer round of the same store incarnation (a member of an older round,
   woken up, never writes over the group that replaced it, even at a
   higher step).
+
+A save that lands is also reported to the agent as training progress
+(``progress.report_checkpoint``: the status's last checkpoint step, and the
+step itself for a script that reports nothing else).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchflex_agent import fence
+from torchflex_agent import fence, progress
 
 log = logging.getLogger(__name__)
 # Refusals are logged as "save of step N refused: ...", never "checkpoint step=N":
@@ -117,6 +121,8 @@ class Checkpointer:
         self._save_fn = save_fn
         self._load_fn = load_fn
         self._environ = environ
+        # With an explicit env (tests), its own reporter; else the process's.
+        self._progress = progress.reporter_for(environ) if environ is not None else None
 
     @property
     def meta_path(self) -> Path:
@@ -171,6 +177,10 @@ class Checkpointer:
                 _fsync_dir(self.directory)
         finally:
             tmp.unlink(missing_ok=True)
+        if self._environ is None:
+            progress.report_checkpoint(step)
+        elif self._progress is not None:
+            self._progress.checkpoint(step)
         return True
 
     @contextlib.contextmanager

@@ -60,7 +60,9 @@ def _run_agent(config: AgentConfig, environ: Mapping[str, str]) -> int:
     health = None
     if config.health_port:
         try:
-            health = HealthServer(config.health_host, config.health_port, agent.report)
+            health = HealthServer(
+                config.health_host, config.health_port, agent.report, agent.wait_round
+            )
         except OSError as exc:
             return _usage_error(f"--health-port {config.health_port}: {exc}")
         health.start()

@@ -4,11 +4,17 @@ Where it sits: the agent serves ``GET /healthz`` (liveness probe: the agent
 loop is alive) and ``GET /status`` (``AgentReport`` JSON, read by the
 operator) from a stdlib ``ThreadingHTTPServer`` thread, and writes the final
 report to the container's termination-message file when it exits.
+
+``GET /status?after=R&wait=S`` is a long poll (``progress.StatusQuery``):
+the request thread waits on the agent's ``ReportBoard`` until the round is
+no longer ``R`` or the agent is ending, at most ``S`` seconds. The operator
+holds one per job instead of polling every pod, and sees a re-formed group
+(``kubectl scale``) as soon as it forms. Agents have no API credentials, so
+the operator pulls; a held request costs one idle thread here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -20,25 +26,79 @@ from pathlib import Path
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import (
     HEALTH_PATH,
-    MAX_TERMINATION_MESSAGE,
-    STATUS_PATH,
     TERMINATION_LOG,
     AgentReport,
+    AgentState,
+    parse_status_target,
+    termination_text,
 )
 
 log = logging.getLogger(__name__)
 
+ENDING: frozenset[AgentState] = frozenset(
+    {AgentState.SUCCEEDED, AgentState.FAILED, AgentState.LEAVING}
+)
+"""States after which the round will not change again: a long poll returns."""
+
+WaitFn = Callable[[int, float], AgentReport]
+"""``wait(after, seconds)``: the report once its round is not ``after`` (or it is
+ending), or the current one after ``seconds``."""
+
+
+class ReportBoard:
+    """The agent's current report, and a way to wait for its round to change."""
+
+    def __init__(self, report: AgentReport) -> None:
+        self._cond = threading.Condition()
+        self._report = report
+
+    def get(self) -> AgentReport:
+        with self._cond:
+            return self._report
+
+    def replace(self, change: Callable[[AgentReport], AgentReport]) -> None:
+        with self._cond:
+            self._report = change(self._report)
+            self._cond.notify_all()
+
+    def wait_round(self, after: int, timeout: float) -> AgentReport:
+        """Block until the round is not ``after`` or the agent is ending, at most ``timeout``."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._report.round != after or self._report.state in ENDING,
+                timeout=max(0.0, timeout),
+            )
+            return self._report
+
 
 class HealthServer:
-    """Serves the current report; ``report`` is called per request."""
+    """Serves the current report; ``report`` is called per request.
 
-    def __init__(self, host: str, port: int, report: Callable[[], AgentReport]) -> None:
+    ``wait`` serves long polls; without it ``after`` is ignored (answered at once).
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        report: Callable[[], AgentReport],
+        wait: WaitFn | None = None,
+    ) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                try:
+                    query = parse_status_target(self.path)
+                except ValueError as exc:
+                    self.send_error(400, str(exc))
+                    return
                 if self.path == HEALTH_PATH:
                     body, ctype = b"ok\n", "text/plain"
-                elif self.path == STATUS_PATH:
-                    body, ctype = report().to_json().encode(), "application/json"
+                elif query is not None:
+                    if query.after is not None and wait is not None:
+                        current = wait(query.after, query.wait)
+                    else:
+                        current = report()
+                    body, ctype = current.to_json().encode(), "application/json"
                 else:
                     self.send_error(404)
                     return
@@ -97,16 +157,7 @@ def write_termination_log(report: AgentReport, environ: Mapping[str, str] | None
     path = termination_log_path(os.environ if environ is None else environ)
     if path is None:
         return
-    text = report.to_json()
-    message = report.message
-    for _ in range(32):
-        if len(text) <= MAX_TERMINATION_MESSAGE or not message:
-            break
-        # Trim the free-text message (keeping its head), never the JSON
-        # structure; escaping makes the JSON longer than the text, so scale.
-        keep = int(len(message) * (MAX_TERMINATION_MESSAGE - 64) / len(text))
-        message = message[: max(0, min(keep, len(message) - 1))]
-        text = dataclasses.replace(report, message=message).to_json()
+    text = termination_text(report)  # the root cause's frames give way first
     try:
         path.write_text(text)
     except OSError as exc:

@@ -41,7 +41,7 @@ from torchflex_agent.restart_policy import (
     judge_failure,
     root_cause,
 )
-from torchflex_agent.workers import GroupState, WorkerGroup
+from torchflex_agent.workers import GroupState, WorkerGroup, first_failure
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentState, RestartReason
 from torchflex_contract.store_keys import (
@@ -149,7 +149,10 @@ class RoundSupervisor:
                 group.stop(grace)
                 return stale
             if action is Action.INVESTIGATE_FAILURE:
-                return self._on_failure(rdzv, result, group, failures[0].describe())
+                failure = first_failure(failures)  # the earliest recorded, as torchrun
+                if failure.cause is not None:
+                    self.update(root_cause=failure.cause)
+                return self._on_failure(rdzv, result, group, failure.describe())
             assert_never(action)  # mypy: every Action has its branch above
 
     def _fence(

@@ -5,10 +5,14 @@ member of and polls it; this module knows nothing about the store. Workers
 are plain ``subprocess.Popen`` children in their own session (so a group can
 be signalled as a whole) that get ``PR_SET_PDEATHSIG=SIGKILL``: if the agent
 dies, even by SIGKILL, its workers die with it instead of training on as
-orphans. Their env is the one torchrun gives (``worker_env``), and each
-worker's error file is torch's (``TORCHELASTIC_ERROR_FILE``), so scripts
-using ``torch.distributed.elastic.multiprocessing.errors.record`` report
-their exception to us unchanged.
+orphans. Their env is the one torchrun gives (``worker_env``) plus
+torchflex's own (``env.ERROR_FILE``, ``env.PROGRESS_FILE``, see
+``progress``). Each worker's error file is also torch's
+(``TORCHELASTIC_ERROR_FILE``), so scripts using
+``torch.distributed.elastic.multiprocessing.errors.record`` report their
+exception to us unchanged, and the fork server's bootstrap records any
+other uncaught exception there; a failed worker's root cause is read from it
+(or from the last traceback on its stderr, ``rootcause``).
 
 Popen must be called from the agent's main thread: the kernel sends the
 parent-death signal when the *thread* that forked exits.
@@ -26,12 +30,12 @@ instead (torch already imported); they look the same to this module
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import dataclasses
 import enum
 import errno
-import json
 import os
 import shlex
 import shutil
@@ -42,14 +46,21 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
+from torchflex_agent import rootcause
 from torchflex_agent.errors import CommandNotRunnableError, LaunchError, SpawnFailedError
 from torchflex_agent.prewarm import ForkServer, ZygoteGoneError, python_launch
 from torchflex_agent.rdzv_logic import RendezvousResult
+from torchflex_contract import env as tfenv
+from torchflex_contract.progress import RootCause
 
 _PR_SET_PDEATHSIG = 1
 _ROLE_NAME = "default"
+# Lines of each worker's stderr kept for a traceback when it wrote no error file.
+_STDERR_TAIL_LINES = 200
+# How long a failed worker's stderr may take to reach EOF before its tail is read.
+_STDERR_DRAIN_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +98,8 @@ def worker_env(
             "TORCHELASTIC_RUN_ID": ctx.run_id,
             "TORCHELASTIC_USE_AGENT_STORE": str(result.master.agent_store),
             "TORCHELASTIC_ERROR_FILE": str(error_file(ctx, result.round, rank)),
+            tfenv.ERROR_FILE: str(error_file(ctx, result.round, rank)),
+            tfenv.PROGRESS_FILE: str(progress_file(ctx.error_dir)),
         }
     )
     return env
@@ -174,17 +187,17 @@ def error_file(ctx: LaunchContext, round_no: int, rank: int) -> Path:
     return ctx.error_dir / f"round_{round_no}" / f"rank_{rank}" / "error.json"
 
 
+def progress_file(error_dir: Path) -> Path:
+    """One per agent, kept across rounds: the last reported step stays known."""
+    return error_dir / "progress.json"
+
+
 def read_error_file(path: Path) -> str | None:
-    """The message torch's ``record`` wrote, or None if the worker wrote none."""
-    try:
-        data: Any = json.loads(path.read_text())
-    except (OSError, ValueError):
+    """The ``Type: message`` the worker's error file records, or None if it wrote none."""
+    recorded = rootcause.read_error_file(path)
+    if recorded is None:
         return None
-    message = data.get("message") if isinstance(data, dict) else None
-    if isinstance(message, dict):
-        text = message.get("message")
-        return str(text) if text is not None else None
-    return str(message) if message is not None else None
+    return recorded.summary()
 
 
 class _Proc(Protocol):
@@ -212,6 +225,8 @@ class WorkerFailure:
     rank: int
     exitcode: int
     message: str
+    cause: RootCause | None = None
+    """The worker's exception, if its error file or stderr recorded one."""
 
     def describe(self) -> str:
         how = (
@@ -226,24 +241,41 @@ class WorkerFailure:
         )
 
 
+def first_failure(failures: Sequence[WorkerFailure]) -> WorkerFailure:
+    """The failure whose worker recorded its exception first (else the lowest rank's)."""
+    earliest = rootcause.first(f.cause for f in failures if f.cause is not None)
+    return next((f for f in failures if f.cause is earliest), failures[0])
+
+
 class _Prefixer:
     """Copies a worker's output to ours line by line, prefixed with its rank."""
 
     _lock = threading.Lock()
 
-    def __init__(self, stream: IO[bytes], out: IO[bytes], prefix: bytes) -> None:
+    def __init__(self, stream: IO[bytes], out: IO[bytes], prefix: bytes, tail: int = 0) -> None:
+        self.tail: collections.deque[bytes] = collections.deque(maxlen=tail)
+        """The last ``tail`` lines (a traceback to read if the worker fails)."""
         self._thread = threading.Thread(
-            target=self._run, args=(stream, out, prefix), daemon=True, name="log"
+            target=self._run, args=(stream, out, prefix, self.tail), daemon=True, name="log"
         )
         self._thread.start()
 
     @classmethod
-    def _run(cls, stream: IO[bytes], out: IO[bytes], prefix: bytes) -> None:
+    def _run(
+        cls, stream: IO[bytes], out: IO[bytes], prefix: bytes, tail: collections.deque[bytes]
+    ) -> None:
         with stream:
             for line in iter(stream.readline, b""):
+                if tail.maxlen:
+                    tail.append(line)
                 with cls._lock:
                     out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
                     out.flush()
+
+    def tail_lines(self, drain: float) -> list[str]:
+        """The kept lines, after waiting up to ``drain`` seconds for the stream's end."""
+        self._thread.join(drain)
+        return [line.decode("utf-8", "replace").rstrip("\n") for line in list(self.tail)]
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -267,6 +299,8 @@ class WorkerGroup:
         self._forkserver = forkserver
         self._procs: list[_Proc] = []
         self._prefixers: list[_Prefixer] = []
+        self._stderr: list[_Prefixer] = []
+        """Per local rank: its stderr copier, which keeps the tail."""
         self.forked = 0
         """How many of this round's workers came from the fork server."""
 
@@ -304,8 +338,10 @@ class WorkerGroup:
                 assert popen.stdout is not None and popen.stderr is not None
                 proc, stdout, stderr = popen, popen.stdout, popen.stderr
             prefix = f"[rank {env['RANK']}] ".encode()
+            err = _Prefixer(stderr, sys.stderr.buffer, prefix, _STDERR_TAIL_LINES)
             self._prefixers.append(_Prefixer(stdout, sys.stdout.buffer, prefix))
-            self._prefixers.append(_Prefixer(stderr, sys.stderr.buffer, prefix))
+            self._prefixers.append(err)
+            self._stderr.append(err)
             self._procs.append(proc)
 
     def _fork(self, env: Mapping[str, str]) -> tuple[_Proc, IO[bytes], IO[bytes]] | None:
@@ -334,12 +370,23 @@ class WorkerGroup:
             if code is None:
                 running = True
             elif code != 0:
-                rank = self._result.rank_offset + local_rank
-                path = error_file(self._ctx, self._result.round, rank)
-                failures.append(WorkerFailure(rank, code, read_error_file(path) or ""))
+                failures.append(self._failure(local_rank, code))
         if failures:
             return GroupState.FAILED, failures
         return (GroupState.RUNNING if running else GroupState.SUCCEEDED), []
+
+    def _failure(self, local_rank: int, code: int) -> WorkerFailure:
+        rank = self._result.rank_offset + local_rank
+        recorded = rootcause.read_error_file(error_file(self._ctx, self._result.round, rank))
+        if recorded is None and local_rank < len(self._stderr):
+            tail = self._stderr[local_rank].tail_lines(_STDERR_DRAIN_S)
+            recorded = rootcause.parse_traceback(tail)
+            if recorded is not None:  # no time of its own: when we saw the exit
+                recorded = dataclasses.replace(recorded, timestamp=time.time())
+        if recorded is None:
+            return WorkerFailure(rank, code, "")
+        cause = recorded.cause(rank, code, self._result.round)
+        return WorkerFailure(rank, code, cause.summary(), cause)
 
     def signal(self, sig: signal.Signals) -> None:
         for proc in self._procs:

@@ -25,6 +25,12 @@ A worker ends like a Python process would (exit code, traceback, atexit
 handlers, non-daemon threads joined) but skips the interpreter's module
 teardown, which costs seconds with torch loaded on a busy machine and sits
 on the critical path of every re-formed group.
+
+An uncaught exception of the script is also recorded (``record_exception``)
+in the worker's error file, named by ``TORCHFLEX_ERROR_FILE``
+(``torchflex_contract.env.ERROR_FILE``): type, message, the innermost frames
+and the time, bounded, so the agent can report the root cause of a failure
+without the script doing anything (``rootcause`` reads it).
 """
 
 from __future__ import annotations
@@ -42,10 +48,17 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+# torchflex_contract.env.ERROR_FILE: this file runs stdlib-only, so the name
+# is repeated here (a unit test keeps both equal).
+ERROR_FILE_ENV = "TORCHFLEX_ERROR_FILE"
+# What an error file keeps (the contract's RootCause bounds it again).
+_ERROR_FRAMES = 8
+_ERROR_MESSAGE_CHARS = 4096
 _MAX_PACKET = 1 << 20
 # Modules torch imports lazily on paths every training script takes: the
 # first optimizer construction imports torch._dynamo (and sympy, ~900
@@ -143,6 +156,45 @@ def _finish(code: int) -> None:
     os._exit(code)
 
 
+def _script_frames(exc: BaseException) -> list[str]:
+    """``file:line in function`` of the innermost frames, the runner's own left out."""
+    # Run as ``python -c <source>`` this module's frames say "<string>" (and
+    # there is no __file__); imported (tests), they name this file.
+    own = {
+        "<string>",
+        os.path.abspath(globals().get("__file__", "<string>")),
+        runpy.__file__,
+        "<frozen runpy>",
+    }
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in own:
+        tb = tb.tb_next
+    frames = traceback.extract_tb(tb)[-_ERROR_FRAMES:]
+    return [f"{f.filename}:{f.lineno} in {f.name}" for f in frames]
+
+
+def record_exception(exc: BaseException, path: str | None) -> None:
+    """Write the worker's error file for ``exc`` (best-effort, atomic)."""
+    if not path:
+        return
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not hide the failure itself
+        message = "<unprintable>"
+    data = {
+        "type": type(exc).__name__,
+        "message": message[:_ERROR_MESSAGE_CHARS],
+        "frames": _script_frames(exc),
+        "timestamp": time.time(),
+        "pid": os.getpid(),
+    }
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+
+
 def _become_worker(req: dict[str, Any], fds: list[int], zygote_pid: int) -> None:
     """In the forked child: detach, wire stdio, set env and argv, run the script; never returns."""
     try:
@@ -178,8 +230,10 @@ def _become_worker(req: dict[str, Any], fds: list[int], zygote_pid: int) -> None
             runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
-    except BaseException:
+    except BaseException as exc:
         traceback.print_exc()
+        if isinstance(exc, Exception):  # as torch's @record: not KeyboardInterrupt & co.
+            record_exception(exc, os.environ.get(ERROR_FILE_ENV))
         code = 1
     _finish(code)
 

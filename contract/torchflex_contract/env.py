@@ -64,6 +64,13 @@ FENCE_FILE: Final = "TORCHFLEX_FENCE_FILE"
 current while the file names that round and its CLOCK_MONOTONIC deadline is ahead."""
 ROUND: Final = "TORCHFLEX_ROUND"
 """The rendezvous round the worker was started for (decimal)."""
+ERROR_FILE: Final = "TORCHFLEX_ERROR_FILE"
+"""Where the worker bootstrap records an uncaught exception (JSON: ``type``,
+``message``, ``frames``, ``timestamp``); per worker and round, and the same
+path as torch's ``TORCHELASTIC_ERROR_FILE``, so ``@record`` scripts land there too."""
+PROGRESS_FILE: Final = "TORCHFLEX_PROGRESS_FILE"
+"""Where the ``LOCAL_RANK`` 0 worker reports training progress
+(``torchflex_agent.progress``): one file per agent, replaced atomically."""
 
 DEFAULT_HEARTBEAT_INTERVAL_S: Final = 0.2
 DEFAULT_LIVENESS_TIMEOUT_S: Final = 1.5

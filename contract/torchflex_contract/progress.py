@@ -4,7 +4,15 @@ Where it sits: the agent serves this as JSON at ``GET /status`` on its
 health port (``env.HEALTH_PORT``) and writes a final one to the container's
 termination message file when it exits; the operator reads either and folds
 them into the job status (world size, rendezvous round, restarts, last
-failure). A plain dataclass so both sides parse it the same way.
+failure, root cause, training progress). A plain dataclass so both sides
+parse it the same way; every free-text field is bounded here, on parse,
+so a report can never grow the job status without limit.
+
+``GET /status?after=R&wait=S`` is the long-poll form (``long_poll_path``):
+the agent answers as soon as its rendezvous round is no longer ``R`` (or it
+is ending), at the latest after ``S`` seconds (capped at
+``LONG_POLL_MAX_S``), so the operator can hold one cheap request per job and
+see a re-formed group within a second instead of at its next poll.
 """
 
 from __future__ import annotations
@@ -12,12 +20,28 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from typing import Any, Final
+import math
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeVar
+
+_T = TypeVar("_T")
 
 STATUS_PATH: Final = "/status"
 HEALTH_PATH: Final = "/healthz"
 TERMINATION_LOG: Final = "/dev/termination-log"
 MAX_TERMINATION_MESSAGE: Final = 4096
+"""Kubernetes keeps at most this many bytes of a termination message."""
+
+LONG_POLL_MAX_S: Final = 30.0
+"""Longest an agent holds a ``GET /status?after=..`` open (a longer ``wait`` is cut)."""
+
+# Bounds of a root cause (``RootCause``): together well under
+# MAX_TERMINATION_MESSAGE with the rest of a report, before any trimming.
+MAX_ERROR_TYPE: Final = 128
+MAX_ERROR_MESSAGE: Final = 1024
+MAX_FRAMES: Final = 8
+MAX_FRAME: Final = 200
 
 
 class AgentState(enum.StrEnum):
@@ -41,6 +65,101 @@ class RestartReason(enum.StrEnum):
     STORE_LOST = "StoreLost"
 
 
+def _bounded(text: object, limit: int) -> str:
+    """``text`` as a string of at most ``limit`` characters (its head, marked if cut)."""
+    out = str(text)
+    return out if len(out) <= limit else out[: max(0, limit - 3)] + "..."
+
+
+@dataclasses.dataclass(frozen=True)
+class RootCause:
+    """The exception that ended a worker first, as its error file recorded it.
+
+    Written by the worker bootstrap (any uncaught exception) or by torch's
+    ``@record`` (``TORCHELASTIC_ERROR_FILE``); read by the agent, which
+    reports the earliest one of a failed round, as torchrun does.
+    """
+
+    type: str
+    """The exception class name, e.g. ``ValueError`` (empty when only a message is known)."""
+    message: str
+    """``str(exception)``: at most ``MAX_ERROR_MESSAGE`` characters."""
+    frames: tuple[str, ...] = ()
+    """The innermost ``MAX_FRAMES`` frames, outermost first, ``file:line in function``."""
+    rank: int = -1
+    """Global rank of the worker that raised it."""
+    exit_code: int = 0
+    round: int = -1
+    timestamp: float = 0.0
+    """Unix time the worker recorded it (0 when unknown)."""
+
+    def summary(self) -> str:
+        """``Type: message`` (what torch's error file calls the message)."""
+        if self.type and self.message:
+            return f"{self.type}: {self.message}"
+        return self.type or self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["frames"] = list(self.frames)
+        return data
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> RootCause:
+        """Parse and bound; raises ValueError/TypeError/KeyError on a malformed one."""
+        frames = raw.get("frames") or ()
+        if not isinstance(frames, list | tuple):
+            raise TypeError("root_cause.frames must be a list")
+        return cls(
+            type=_bounded(raw["type"], MAX_ERROR_TYPE),
+            message=_bounded(raw.get("message", ""), MAX_ERROR_MESSAGE),
+            frames=tuple(_bounded(f, MAX_FRAME) for f in frames[-MAX_FRAMES:]),
+            rank=int(raw.get("rank", -1)),
+            exit_code=int(raw.get("exit_code", 0)),
+            round=int(raw.get("round", -1)),
+            timestamp=_finite(raw.get("timestamp", 0.0)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Training progress one agent's workers reported (see docs/agent.md).
+
+    Only the worker with ``LOCAL_RANK`` 0 reports, through the file named by
+    ``env.PROGRESS_FILE`` (``torchflex_agent.progress.report_step``; the
+    checkpoint helper reports every save by itself). An agent whose workers
+    never reported has no ``Progress`` at all (``AgentReport.progress`` None).
+    """
+
+    step: int = -1
+    """The latest step a worker reported; -1 if it reported only checkpoints."""
+    steps_per_second: float = 0.0
+    """Over the worker's last few reports (computed by the agent); 0 if unknown."""
+    checkpoint_step: int = -1
+    """The step of the latest checkpoint the worker saved; -1 if none."""
+    updated: float = 0.0
+    """Unix time of the latest report (how fresh ``step`` is)."""
+    round: int = -1
+    """The rendezvous round of the worker that reported it."""
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Progress:
+        return cls(
+            step=int(raw.get("step", -1)),
+            steps_per_second=_finite(raw.get("steps_per_second", 0.0)),
+            checkpoint_step=int(raw.get("checkpoint_step", -1)),
+            updated=_finite(raw.get("updated", 0.0)),
+            round=int(raw.get("round", -1)),
+        )
+
+
+def _finite(value: object) -> float:
+    out = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(out):
+        raise ValueError(f"not a finite number: {value!r}")
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class AgentReport:
     state: AgentState
@@ -60,12 +179,21 @@ class AgentReport:
     """Non-empty while this agent cannot reach its rendezvous store (the last
     operation's error, bounded by the per-operation deadline): the operator
     surfaces it as a condition and an Event."""
+    holds_rank0: bool = False
+    """This agent's workers include global rank 0 in ``round`` (the pod index is
+    not the rank: node ranks follow rendezvous order)."""
+    root_cause: RootCause | None = None
+    """The first worker exception of this agent's latest failed round, if any
+    worker recorded one (``env.ERROR_FILE``); kept until another replaces it."""
+    progress: Progress | None = None
+    """What the workers reported about training; None when they report nothing."""
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["state"] = self.state.value
         data["last_restart_reason"] = self.last_restart_reason.value
         data["lost_pods"] = list(self.lost_pods)
+        data["root_cause"] = self.root_cause.to_dict() if self.root_cause else None
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -90,6 +218,87 @@ class AgentReport:
                 lost_pods=tuple(str(p) for p in raw.get("lost_pods") or ()),
                 lost_round=int(raw.get("lost_round", -1)),
                 store_error=str(raw.get("store_error", ""))[:MAX_TERMINATION_MESSAGE],
+                holds_rank0=raw.get("holds_rank0") is True,
+                root_cause=_optional(RootCause.from_dict, raw.get("root_cause")),
+                progress=_optional(Progress.from_dict, raw.get("progress")),
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"malformed agent report: {exc}") from exc
+
+
+def _optional(parse: Callable[[Mapping[str, Any]], _T], raw: object) -> _T | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TypeError(f"expected an object, got {type(raw).__name__}")
+    return parse(raw)
+
+
+def termination_text(report: AgentReport, limit: int = MAX_TERMINATION_MESSAGE) -> str:
+    """The report as JSON of at most ``limit`` characters (ASCII, so bytes too).
+
+    What gives way, in order: the root cause's outermost frames, then the
+    root cause's message, then the report's message (each keeps its head),
+    never the JSON structure or the numbers.
+    """
+    text = report.to_json()
+    for _ in range(64):  # frames go one by one (MAX_FRAMES), texts shrink by a factor
+        if len(text) <= limit:
+            break
+        cause = report.root_cause
+        if cause is not None and cause.frames:
+            cause = dataclasses.replace(cause, frames=cause.frames[1:])
+            report = dataclasses.replace(report, root_cause=cause)
+        elif cause is not None and cause.message:
+            cause = dataclasses.replace(cause, message=_shrunk(cause.message, len(text), limit))
+            report = dataclasses.replace(report, root_cause=cause)
+        elif report.message:
+            report = dataclasses.replace(report, message=_shrunk(report.message, len(text), limit))
+        else:
+            break
+        text = report.to_json()
+    return text
+
+
+def _shrunk(message: str, size: int, limit: int) -> str:
+    """The head of ``message``, cut in proportion to how far ``size`` is over ``limit``.
+
+    Escaping makes the JSON longer than the text it holds, hence the scaling
+    (and always at least one character less, so the caller's loop ends).
+    """
+    over = size - limit
+    keep = len(message) - max(1, int(over * len(message) / max(1, size)) + 16)
+    return message[: max(0, keep)]
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusQuery:
+    """A parsed ``GET /status`` target: a plain read, or a long poll."""
+
+    after: int | None = None
+    """Answer once the round is no longer this one (None: answer at once)."""
+    wait: float = 0.0
+    """Seconds to hold the request at most (capped at ``LONG_POLL_MAX_S``)."""
+
+
+def long_poll_path(after: int, wait: float) -> str:
+    """The request target for a long poll on round ``after``."""
+    return f"{STATUS_PATH}?after={after}&wait={wait:g}"
+
+
+def parse_status_target(target: str) -> StatusQuery | None:
+    """None unless ``target`` is the status path; raises ValueError on a bad query."""
+    parts = urllib.parse.urlsplit(target)
+    if parts.path != STATUS_PATH:
+        return None
+    query = urllib.parse.parse_qs(parts.query, strict_parsing=False)
+    if "after" not in query:
+        return StatusQuery()
+    try:
+        after = int(query["after"][-1])
+        wait = float(query.get("wait", [str(LONG_POLL_MAX_S)])[-1])
+    except ValueError as exc:
+        raise ValueError(f"bad status query {parts.query!r}: {exc}") from exc
+    if not math.isfinite(wait) or wait < 0:
+        raise ValueError(f"bad status query {parts.query!r}: wait must be >= 0")
+    return StatusQuery(after, min(wait, LONG_POLL_MAX_S))
