@@ -1,9 +1,11 @@
-"""Manifests of the objects a job owns: worker pods, store/etcd pods, Services.
+"""Manifests of the objects a job owns: worker pods and the job's Services.
 
 Where it sits: called by the planner; pure functions from ``JobSpec`` (+
 ``Settings``) to dicts ready for the API. This is where the env contract of
 ``torchflex_contract.env`` is written onto the trainer container and the
-user's command is wrapped in ``torchflex-agent --``.
+user's command is wrapped in ``torchflex-agent --``. What depends on the
+rendezvous backend (the endpoint, the store or etcd pod and its Service)
+comes from ``backends``; the shells every manifest shares from ``manifests``.
 """
 
 from __future__ import annotations
@@ -13,56 +15,24 @@ import dataclasses
 import hashlib
 import json
 import os
-from typing import Any
 
 from torchflex_contract import env, labels
-from torchflex_contract.labels import Annotation, Label, Role
+from torchflex_contract.labels import Annotation, Role
+from torchflex_operator import backends
+from torchflex_operator.manifests import (
+    Manifest,
+    headless_service,
+    object_labels,
+    owner_ref,
+    trainer_container,
+)
 from torchflex_operator.settings import Settings
-from torchflex_operator.spec import Backend, JobSpec
+from torchflex_operator.spec import JobSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
-STORE_REQUESTS = {"cpu": "100m", "memory": "512Mi"}
-"""The store process imports torch for its TCPStore: a few hundred MiB resident."""
 _WRAPPED = ("torchflex-agent", "torchrun")
 _TLS_VOLUME = "torchflex-rdzv-tls"
 _NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
-
-Manifest = dict[str, Any]
-
-
-def owner_ref(job: JobSpec) -> Manifest:
-    return {
-        "apiVersion": labels.API_VERSION,
-        "kind": labels.KIND,
-        "name": job.name,
-        "uid": job.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def object_labels(job: JobSpec, role: Role, index: int | None = None) -> dict[str, str]:
-    out = {
-        Label.JOB_NAME.value: job.name,
-        Label.ROLE.value: role.value,
-        Label.MANAGED_BY.value: labels.MANAGED_BY_VALUE,
-    }
-    if index is not None:
-        out[Label.REPLICA_INDEX.value] = str(index)
-    return out
-
-
-def rdzv_endpoint(job: JobSpec) -> str:
-    """``<service>.<namespace>:<port>``: resolvable through the pod's DNS search path
-    on any cluster domain (no hard-coded ``cluster.local``)."""
-    rdzv = job.rendezvous
-    if rdzv.backend is Backend.C10D:
-        svc = labels.store_service_name(job.name)
-        return f"{svc}.{job.namespace}:{env.DEFAULT_STORE_PORT}"
-    if rdzv.managed_etcd:
-        svc = labels.etcd_service_name(job.name)
-        return f"http://{svc}.{job.namespace}:{env.DEFAULT_ETCD_PORT}"
-    return rdzv.endpoint or ""
 
 
 def template_hash(job: JobSpec) -> str:
@@ -81,13 +51,6 @@ def template_hash(job: JobSpec) -> str:
     }
     raw = json.dumps(baked, sort_keys=True, default=str).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
-
-
-def _trainer(pod_spec: Manifest) -> Manifest:
-    for container in pod_spec.get("containers") or []:
-        if container.get("name") == labels.TRAINER_CONTAINER:
-            return container  # type: ignore[no-any-return]
-    raise ValueError("template has no container named 'trainer'")
 
 
 def wrap_command(container: Manifest, agent_command: str) -> None:
@@ -126,7 +89,7 @@ def contract_env(job: JobSpec, index: int, container: Manifest) -> list[Manifest
         lit(env.NNODES, f"{job.min_replicas}:{job.max_replicas}"),
         lit(env.NPROC_PER_NODE, job.nproc_per_node),
         lit(env.RDZV_BACKEND, rdzv.backend.value),
-        lit(env.RDZV_ENDPOINT, rdzv_endpoint(job)),
+        lit(env.RDZV_ENDPOINT, backends.endpoint(job)),
         lit(env.RDZV_ID, job.rdzv_id),
         lit(env.RDZV_JOIN_TIMEOUT, rdzv.join_timeout_s),
         lit(env.RDZV_LAST_CALL, rdzv.last_call_s),
@@ -172,7 +135,7 @@ def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
     meta = dict(template.get("metadata") or {})
     pod_spec: Manifest = dict(template.get("spec") or {})
     name = labels.worker_pod_name(job.name, index)
-    container = _trainer(pod_spec)
+    container = trainer_container(pod_spec)
     wrap_command(container, settings.agent_command)
     ours = {e["name"] for e in contract_env(job, index, container)}
     user_env = [e for e in container.get("env") or [] if e.get("name") not in ours]
@@ -213,133 +176,10 @@ def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
     }
 
 
-def _aux_pod(job: JobSpec, name: str, role: Role, container: Manifest) -> Manifest:
-    """Store/etcd pod: placed like the workers (selectors, tolerations), one container."""
-    src: Manifest = dict(job.template.get("spec") or {})
-    pod_spec: Manifest = {
-        key: copy.deepcopy(src[key])
-        for key in (
-            "nodeSelector",
-            "tolerations",
-            "affinity",
-            "imagePullSecrets",
-            "serviceAccountName",
-            "priorityClassName",
-            "securityContext",
-            "automountServiceAccountToken",
-        )
-        if key in src
-    }
-    pod_spec.setdefault("automountServiceAccountToken", False)
-    pod_spec["containers"] = [container]
-    pod_spec["restartPolicy"] = "Always"
-    pod_spec["hostname"] = name
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": job.namespace,
-            "labels": object_labels(job, role),
-            "ownerReferences": [owner_ref(job)],
-        },
-        "spec": pod_spec,
-    }
-
-
-def store_pod(job: JobSpec, settings: Settings) -> Manifest:
-    trainer = _trainer(dict(job.template.get("spec") or {}))
-    container: Manifest = {
-        "name": "store",
-        "image": trainer.get("image", ""),
-        "command": [settings.agent_command, "store", "--port", str(env.DEFAULT_STORE_PORT)],
-        "ports": [{"name": "store", "containerPort": env.DEFAULT_STORE_PORT}],
-        # Requests: never BestEffort, the first pod evicted under node pressure.
-        # No limits: an OOM kill of the store would stop every agent's rendezvous.
-        "resources": {"requests": dict(STORE_REQUESTS)},
-        # A TCP probe catches a dead or wedged listener (the kubelet restarts
-        # the container); a frozen process still completes TCP handshakes in
-        # the kernel, so that case is the agents' verdict (store_error, see
-        # fencing.py) on which the operator replaces the pod.
-        "readinessProbe": {
-            "tcpSocket": {"port": env.DEFAULT_STORE_PORT},
-            "periodSeconds": 5,
-            "failureThreshold": 2,
-        },
-        "livenessProbe": {
-            "tcpSocket": {"port": env.DEFAULT_STORE_PORT},
-            "initialDelaySeconds": 30,
-            "periodSeconds": 10,
-            "timeoutSeconds": 2,
-            "failureThreshold": 3,
-        },
-    }
-    if "imagePullPolicy" in trainer:
-        container["imagePullPolicy"] = trainer["imagePullPolicy"]
-    return _aux_pod(job, labels.store_pod_name(job.name), Role.STORE, container)
-
-
-def etcd_pod(job: JobSpec, settings: Settings) -> Manifest:
-    name = labels.etcd_pod_name(job.name)
-    client_url = (
-        f"http://{labels.etcd_service_name(job.name)}.{job.namespace}:{env.DEFAULT_ETCD_PORT}"
-    )
-    container: Manifest = {
-        "name": "etcd",
-        "image": settings.etcd_image,
-        "command": [
-            settings.etcd_command,
-            "--name",
-            name,
-            "--data-dir",
-            "/tmp/etcd-data",
-            "--listen-client-urls",
-            f"http://0.0.0.0:{env.DEFAULT_ETCD_PORT}",
-            "--advertise-client-urls",
-            client_url,
-            "--listen-peer-urls",
-            "http://127.0.0.1:2380",
-        ],
-        "ports": [{"name": "client", "containerPort": env.DEFAULT_ETCD_PORT}],
-    }
-    return _aux_pod(job, name, Role.ETCD, container)
-
-
-def headless_service(job: JobSpec, name: str, role: Role, port: int | None) -> Manifest:
-    spec: Manifest = {
-        "clusterIP": "None",
-        # DNS must work before readiness: agents rendezvous while starting.
-        "publishNotReadyAddresses": True,
-        "selector": {Label.JOB_NAME.value: job.name, Label.ROLE.value: role.value},
-    }
-    if port is not None:
-        spec["ports"] = [{"name": role.value, "port": port, "targetPort": port}]
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": name,
-            "namespace": job.namespace,
-            "labels": object_labels(job, role),
-            "ownerReferences": [owner_ref(job)],
-        },
-        "spec": spec,
-    }
-
-
 def services(job: JobSpec) -> list[Manifest]:
-    """Every Service the job needs, by its rendezvous backend."""
+    """Every Service the job needs: the workers', and its rendezvous host's if it has one."""
     out = [headless_service(job, labels.workers_service_name(job.name), Role.WORKER, None)]
-    if job.rendezvous.backend is Backend.C10D:
-        out.append(
-            headless_service(
-                job, labels.store_service_name(job.name), Role.STORE, env.DEFAULT_STORE_PORT
-            )
-        )
-    elif job.rendezvous.managed_etcd:
-        out.append(
-            headless_service(
-                job, labels.etcd_service_name(job.name), Role.ETCD, env.DEFAULT_ETCD_PORT
-            )
-        )
+    host = backends.host(job)
+    if host is not None:
+        out.append(host.service(job))
     return out

@@ -31,7 +31,7 @@ from typing import Any
 
 from torchflex_contract import env, labels
 from torchflex_contract.labels import Label
-from torchflex_operator.builders import owner_ref
+from torchflex_operator.manifests import owner_ref
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 

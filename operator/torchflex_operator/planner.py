@@ -18,13 +18,21 @@ from typing import Any
 
 from torchflex_contract import labels
 from torchflex_contract.exit_codes import ExitCode
-from torchflex_contract.labels import Role
-from torchflex_operator import builders, completion, events, netpol, pacing, rollout, verdicts
+from torchflex_operator import (
+    backends,
+    builders,
+    completion,
+    events,
+    netpol,
+    pacing,
+    rollout,
+    verdicts,
+)
 from torchflex_operator.conditions import set_condition
 from torchflex_operator.failures import classify, succeeded
 from torchflex_operator.observed import Observed, PodView
 from torchflex_operator.settings import Settings
-from torchflex_operator.spec import Backend, CleanPodPolicy, JobSpec
+from torchflex_operator.spec import CleanPodPolicy, JobSpec
 from torchflex_operator.timestamps import format_time, parse_time
 from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
 
@@ -326,12 +334,10 @@ class _Pass:
 
     def rendezvous_host(self, held: bool = False) -> None:
         job = self.job
-        if job.rendezvous.backend is Backend.C10D:
-            role, name = Role.STORE, labels.store_pod_name(job.name)
-        elif job.rendezvous.managed_etcd:
-            role, name = Role.ETCD, labels.etcd_pod_name(job.name)
-        else:
+        host = backends.host(job)
+        if host is None:  # the user's own store: nothing to run
             return
+        role, name = host.role, host.pod_name
         pods = [p for p in self.obs.role(role) if p.name == name]
         for pod in pods:
             if pod.finished and not pod.terminating:
@@ -347,8 +353,7 @@ class _Pass:
         else:
             self.plan.event(EventType.NORMAL, EventReason.STORE_CREATED, f"created {name}")
         self.s["rendezvousHost"] = name
-        build = builders.store_pod if role is Role.STORE else builders.etcd_pod
-        self.plan.create_pods.append(build(job, self.settings))
+        self.plan.create_pods.append(host.build(job, self.settings))
 
     def ensure_services(self) -> None:
         for svc in builders.services(self.job):

@@ -6,7 +6,7 @@ What the operator calls is read from its code, not from a list kept by hand:
   method name to a verb and resource (``create_namespaced_pod`` → pods create);
 - ``handlers.py``: every ``kopf.on.event(group, version, plural)`` is a kopf
   watch (list + watch);
-- ``builders.py``: owner references with ``blockOwnerDeletion`` need
+- ``manifests.py`` (every owned object): owner references with ``blockOwnerDeletion`` need
   ``update`` on ``elasticjobs/finalizers`` where OwnerReferencesPermissionEnforcement
   is on;
 - kopf itself (its observers in ``kopf._core.reactor.observation`` and
@@ -30,7 +30,7 @@ from kopf._cogs.structs import references
 
 from tests.unit.install.chart import VALUE_SETS, find, one, render, rules_of
 from torchflex_contract import labels
-from torchflex_operator import builders, handlers, kube
+from torchflex_operator import backends, builders, handlers, kube
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 
@@ -120,7 +120,7 @@ def owner_rules() -> set[Rule]:
         },
     }
     job = JobSpec.parse(obj)
-    owned = [builders.worker_pod(job, 0, Settings()), builders.store_pod(job, Settings())]
+    owned = [builders.worker_pod(job, 0, Settings()), backends.store_pod(job, Settings())]
     owned += builders.services(job)
     refs = [r for o in owned for r in o["metadata"]["ownerReferences"]]
     assert refs

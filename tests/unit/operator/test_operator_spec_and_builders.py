@@ -8,7 +8,7 @@ import pytest
 
 from tests.unit.operator.factories import NAME, NS, job, job_obj
 from torchflex_contract import env, labels
-from torchflex_operator import builders
+from torchflex_operator import backends, builders
 from torchflex_operator.errors import InvalidSpecError
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
@@ -96,7 +96,7 @@ def test_user_env_kept_and_contract_wins() -> None:
 
 
 def test_store_pod_and_services() -> None:
-    pod = builders.store_pod(job(), Settings())
+    pod = backends.store_pod(job(), Settings())
     assert pod["spec"]["containers"][0]["command"][:2] == ["torchflex-agent", "store"]
     assert pod["spec"]["restartPolicy"] == "Always"
     store = pod["spec"]["containers"][0]

@@ -15,9 +15,10 @@ import pytest
 from tests.unit.operator.factories import NAME, NOW, NS, job, observed, worker
 from torchflex_contract import env, labels
 from torchflex_contract.labels import Label
-from torchflex_operator import builders, netpol
+from torchflex_operator import backends, builders, manifests, netpol
 from torchflex_operator.planner import plan
 from torchflex_operator.settings import Settings
+from torchflex_operator.status import JobStatus
 
 POLICY = labels.network_policy_name(NAME)
 TEMPLATE_SPEC: dict[str, Any] = {
@@ -32,7 +33,7 @@ def test_policy_selects_every_pod_of_the_job_and_admits_only_the_job() -> None:
     assert policy["metadata"]["name"] == POLICY
     assert policy["metadata"]["namespace"] == NS
     # Owned by the job (garbage-collected with it) and labelled for the operator's watch.
-    assert policy["metadata"]["ownerReferences"] == [builders.owner_ref(job())]
+    assert policy["metadata"]["ownerReferences"] == [manifests.owner_ref(job())]
     assert policy["metadata"]["labels"][Label.MANAGED_BY.value] == labels.MANAGED_BY_VALUE
     spec = policy["spec"]
     # Workers, store and etcd pods all carry the job-name label: one selector covers all.
@@ -50,8 +51,8 @@ def test_selector_matches_every_owned_pod_role() -> None:
     etcd = job(rendezvous={"backend": "etcd", "managedEtcd": True})
     pods = [
         builders.worker_pod(c10d, 0, Settings()),
-        builders.store_pod(c10d, Settings()),
-        builders.etcd_pod(etcd, Settings()),
+        backends.store_pod(c10d, Settings()),
+        backends.etcd_pod(etcd, Settings()),
     ]
     for pod in pods:
         assert selector.items() <= pod["metadata"]["labels"].items(), pod["metadata"]["name"]
@@ -85,14 +86,14 @@ def test_namespace_without_labels_names_no_operator_peer() -> None:
 
 
 def test_planner_creates_the_policy_by_default() -> None:
-    result = plan(job(), {}, observed(worker(0), worker(1)), NOW)
+    result = plan(job(), JobStatus(), observed(worker(0), worker(1)), NOW)
     assert [p["metadata"]["name"] for p in result.create_network_policies] == [POLICY]
     assert result.delete_network_policies == []
 
 
 def test_planner_leaves_an_observed_policy_alone() -> None:
     obs = observed(worker(0), worker(1), network_policies=frozenset({POLICY}))
-    result = plan(job(), {}, obs, NOW)
+    result = plan(job(), JobStatus(), obs, NOW)
     assert result.create_network_policies == []
     assert result.delete_network_policies == []
 
@@ -100,10 +101,12 @@ def test_planner_leaves_an_observed_policy_alone() -> None:
 def test_opt_out_creates_nothing_and_deletes_an_existing_policy() -> None:
     off = job(networkPolicy={"enabled": False})
     assert off.network_policy is False
-    fresh = plan(off, {}, observed(worker(0), worker(1)), NOW)
+    fresh = plan(off, JobStatus(), observed(worker(0), worker(1)), NOW)
     assert fresh.create_network_policies == []
     assert fresh.delete_network_policies == []
-    had = plan(off, {}, observed(worker(0), worker(1), network_policies=frozenset({POLICY})), NOW)
+    had = plan(
+        off, JobStatus(), observed(worker(0), worker(1), network_policies=frozenset({POLICY})), NOW
+    )
     assert had.delete_network_policies == [POLICY]
 
 
@@ -131,5 +134,5 @@ def _pod(role: str, template_spec: dict[str, Any]) -> dict[str, Any]:
     if role == "worker":
         return builders.worker_pod(spec, 0, Settings())
     if role == "store":
-        return builders.store_pod(spec, Settings())
-    return builders.etcd_pod(spec, Settings())
+        return backends.store_pod(spec, Settings())
+    return backends.etcd_pod(spec, Settings())
