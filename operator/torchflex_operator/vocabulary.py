@@ -3,7 +3,8 @@ reasons, and Kubernetes Event reasons.
 
 Where it sits: the planner writes only these values; docs/api.md documents
 them; nothing else in the operator spells a phase, condition or reason as a
-bare string.
+bare string. tests/unit/test_vocabulary.py holds all three to that: every
+word used, documented, and spelled out nowhere else in product code.
 """
 
 from __future__ import annotations
