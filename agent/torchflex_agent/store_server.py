@@ -19,6 +19,7 @@ import sys
 from types import FrameType
 
 from torchflex_contract import env as tfenv
+from torchflex_contract.exit_codes import ExitCode
 
 log = logging.getLogger(__name__)
 
@@ -66,5 +67,5 @@ def main(argv: list[str]) -> int:
         return int(exc.code or 0)
     if not 0 <= ns.port < 65536:
         print(f"torchflex-agent store: --port out of range: {ns.port}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     return serve(ns.host, ns.port)
