@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import assert_never
 
 from torchflex_agent.workers import GroupState
 from torchflex_contract.progress import RestartReason
@@ -48,7 +49,9 @@ def decide(obs: Observation) -> Action:
         return Action.INVESTIGATE_FAILURE
     if obs.group is GroupState.SUCCEEDED:
         return Action.SUCCEED
-    return Action.CONTINUE
+    if obs.group is GroupState.RUNNING:
+        return Action.CONTINUE
+    assert_never(obs.group)  # mypy: a new GroupState needs its rule here
 
 
 class FailureVerdict(enum.Enum):
