@@ -1,9 +1,10 @@
-"""The CRD's rendezvous backends are the contract's: the enum, its default and the CEL rules.
+"""The CRD's rendezvous backends are the contract's: the enum and the CEL rules.
 
 ``spec.rendezvous.backend`` is validated by the API server from the CRD and
 parsed by the operator into ``torchflex_contract.rendezvous_backends``; a name
 added, renamed or dropped on one side only fails here, for the source CRD and
-for the chart's copy alike.
+for the chart's copy alike. (The default is tied to the operator's and the
+agent's by tests/unit/test_defaults.py.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from tests.unit.install.chart import CHART, REPO
-from torchflex_contract.rendezvous_backends import DEFAULT_BACKEND, SPEC_BACKENDS
+from torchflex_contract.rendezvous_backends import SPEC_BACKENDS
 
 CRDS = [REPO / "crds" / "elasticjob.yaml", CHART / "crds" / "elasticjob.yaml"]
 
@@ -30,12 +31,9 @@ def _rendezvous_schema(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("path", CRDS, ids=["crds", "helm"])
-def test_crd_backend_enum_and_default_are_the_contracts(path: Path) -> None:
-    rdzv = _rendezvous_schema(path)
-    backend = rdzv["properties"]["backend"]
+def test_crd_backend_enum_is_the_contracts(path: Path) -> None:
+    backend = _rendezvous_schema(path)["properties"]["backend"]
     assert backend["enum"] == [b.value for b in SPEC_BACKENDS]
-    assert backend["default"] == DEFAULT_BACKEND.value
-    assert rdzv["default"] == {"backend": DEFAULT_BACKEND.value}
 
 
 @pytest.mark.parametrize("path", CRDS, ids=["crds", "helm"])
