@@ -105,7 +105,7 @@ def etcd_pod(job: JobSpec, settings: Settings) -> Manifest:
             "--listen-client-urls",
             f"http://0.0.0.0:{env.DEFAULT_ETCD_PORT}",
             "--advertise-client-urls",
-            _etcd_pod_host(job).endpoint(job.namespace),
+            _pod_host(Role.ETCD, job).endpoint(job.namespace),
             "--listen-peer-urls",
             "http://127.0.0.1:2380",
         ],
@@ -114,30 +114,38 @@ def etcd_pod(job: JobSpec, settings: Settings) -> Manifest:
     return aux_pod(job, name, Role.ETCD, container)
 
 
-def _store_pod_host(job: JobSpec) -> Host:
-    return Host(
-        Role.STORE,
-        labels.store_pod_name(job.name),
-        labels.store_service_name(job.name),
+_Name = Callable[[str], str]
+_Build = Callable[[JobSpec, Settings], Manifest]
+_POD_HOSTS: dict[Role, tuple[_Name, _Name, int, str, _Build]] = {
+    # role: pod name, Service name (of the job's name), port, endpoint scheme, pod
+    Role.STORE: (
+        labels.store_pod_name,
+        labels.store_service_name,
         env.DEFAULT_STORE_PORT,
         "",
         store_pod,
-    )
-
-
-def _etcd_pod_host(job: JobSpec) -> Host:
-    return Host(
-        Role.ETCD,
-        labels.etcd_pod_name(job.name),
-        labels.etcd_service_name(job.name),
+    ),
+    Role.ETCD: (
+        labels.etcd_pod_name,
+        labels.etcd_service_name,
         env.DEFAULT_ETCD_PORT,
         "http://",
         etcd_pod,
-    )
+    ),
+}
+
+
+def _pod_host(role: Role, job: JobSpec) -> Host:
+    pod, service, port, scheme, build = _POD_HOSTS[role]
+    return Host(role, pod(job.name), service(job.name), port, scheme, build)
+
+
+def _store_pod_host(job: JobSpec) -> Host:
+    return _pod_host(Role.STORE, job)
 
 
 def _managed_etcd_host(job: JobSpec) -> Host | None:
-    return _etcd_pod_host(job) if job.rendezvous.managed_etcd else None
+    return _pod_host(Role.ETCD, job) if job.rendezvous.managed_etcd else None
 
 
 _BACKENDS = (
