@@ -1,45 +1,40 @@
 """Status conditions: set one, keeping ``lastTransitionTime`` stable.
 
-Where it sits: used by the planner on the status dict it builds. A condition
-whose status did not change keeps its old transition time, so a pass that
-changes nothing produces an identical status and no write.
+Where it sits: used by the planner on the ``JobStatus.conditions`` it builds
+(typed ``status.Condition`` values). A condition whose status did not change
+keeps its old transition time, so a pass that changes nothing produces an
+identical status and no write.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from typing import Any
 
-from torchflex_operator.timestamps import format_time
+from torchflex_operator.status import Condition, ConditionStatus
 from torchflex_operator.vocabulary import ConditionType, Reason
 
 
 def set_condition(
-    conditions: list[dict[str, Any]],
+    conditions: tuple[Condition, ...],
     ctype: ConditionType,
     *,
     status: bool,
     reason: Reason,
     message: str,
     now: dt.datetime,
-) -> None:
-    value = "True" if status else "False"
-    for cond in conditions:
-        if cond.get("type") == ctype:
-            if cond.get("status") != value:
-                cond["lastTransitionTime"] = format_time(now)
-            cond.update(status=value, reason=reason.value, message=message)
-            return
-    conditions.append(
-        {
-            "type": ctype.value,
-            "status": value,
-            "reason": reason.value,
-            "message": message,
-            "lastTransitionTime": format_time(now),
-        }
-    )
+) -> tuple[Condition, ...]:
+    """``conditions`` with ``ctype`` set (in place, or appended when new)."""
+    value = ConditionStatus.TRUE if status else ConditionStatus.FALSE
+    for i, cond in enumerate(conditions):
+        if cond.is_type(ctype):
+            when = now if cond.status != value else cond.last_transition_time
+            new = dataclasses.replace(
+                cond, status=value, reason=reason.value, message=message, last_transition_time=when
+            )
+            return (*conditions[:i], new, *conditions[i + 1 :])
+    return (*conditions, Condition(ctype.value, value, reason.value, message, now))
 
 
-def get_condition(conditions: list[dict[str, Any]], ctype: ConditionType) -> dict[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == ctype), None)
+def get_condition(conditions: tuple[Condition, ...], ctype: ConditionType) -> Condition | None:
+    return next((c for c in conditions if c.is_type(ctype)), None)

@@ -13,50 +13,42 @@ dropped like a posted one; the list is bounded (oldest dropped first).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import dataclasses
+from collections.abc import Sequence
+
+from torchflex_operator.status import JobStatus, PendingEvent
+from torchflex_operator.vocabulary import EventType
 
 MAX_PENDING = 32
 
 
 def carry(
-    prior: Mapping[str, Any],
-    new: Sequence[tuple[str, str, str]],
+    prior: JobStatus,
+    new: Sequence[tuple[EventType, str, str]],
     posted: frozenset[int],
-) -> tuple[list[dict[str, Any]], int]:
+) -> tuple[tuple[PendingEvent, ...], int]:
     """(pendingEvents, eventSeq) after a pass that decided ``new`` (type, reason, message)."""
-    seq = int(prior.get("eventSeq", 0))
-    pending = [
-        dict(e)
-        for e in prior.get("pendingEvents") or []
-        if isinstance(e, Mapping) and int(e.get("id", -1)) not in posted
-    ]
+    seq = prior.event_seq or 0
+    pending = due(prior, posted)
     for etype, reason, message in new:
         seq += 1
-        pending.append({"id": seq, "type": etype, "reason": reason, "message": message[:1024]})
-    return pending[-MAX_PENDING:], seq
+        pending.append(PendingEvent(seq, etype, reason, message[:1024]))
+    return tuple(pending[-MAX_PENDING:]), seq
 
 
 def settle(
-    status: dict[str, Any],
-    prior: Mapping[str, Any],
-    new: Sequence[tuple[str, str, str]],
+    status: JobStatus,
+    prior: JobStatus,
+    new: Sequence[tuple[EventType, str, str]],
     posted: frozenset[int],
-) -> None:
-    """Write ``pendingEvents`` and ``eventSeq`` of the pass's new ``status``."""
+) -> JobStatus:
+    """The pass's new ``status`` with its ``pendingEvents`` and ``eventSeq``."""
     pending, seq = carry(prior, new, posted)
-    if pending:
-        status["pendingEvents"] = pending
-    else:
-        status.pop("pendingEvents", None)
-    if seq:
-        status["eventSeq"] = seq
+    return dataclasses.replace(
+        status, pending_events=pending or None, event_seq=seq or status.event_seq
+    )
 
 
-def due(status: Mapping[str, Any], posted: frozenset[int]) -> list[dict[str, Any]]:
+def due(status: JobStatus, posted: frozenset[int]) -> list[PendingEvent]:
     """Pending events of ``status`` not posted yet, oldest first."""
-    return [
-        dict(e)
-        for e in status.get("pendingEvents") or []
-        if isinstance(e, Mapping) and int(e.get("id", -1)) not in posted
-    ]
+    return [e for e in status.pending_events or () if e.id not in posted]

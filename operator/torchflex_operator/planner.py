@@ -1,19 +1,20 @@
 """The pure reconcile: ``plan(job, status, observed, now) -> Plan``.
 
-Where it sits: the heart of the operator. ``reconciler`` observes, calls
-``plan`` and hands the result to ``apply``; nothing here touches the API or
-the clock, so every decision is table-tested (tests/unit/operator). One
-pass looks at the whole observed state of one job (level-triggered) and
-decides: pods and Services to create, pods to delete (gracefully, or forced
-off a lost node), the complete new status, Events, and when to look again.
+Where it sits: the heart of the operator. ``reconciler`` observes, parses the
+job (``JobSpec``) and its status (``JobStatus``), calls ``plan`` and hands the
+result to ``apply``; nothing here touches the API or the clock, so every
+decision is table-tested (tests/unit/operator). One pass looks at the whole
+observed state of one job (level-triggered) and decides: pods and Services
+to create, pods to delete (gracefully, or forced off a lost node), the
+complete new status (a ``JobStatus``: typed fields, datetimes, no strings
+until the reconciler writes it), Events, and when to look again.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import datetime as dt
-from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from torchflex_contract import labels
@@ -22,18 +23,18 @@ from torchflex_operator import (
     backends,
     builders,
     completion,
+    conditions,
     events,
     netpol,
     pacing,
     rollout,
     verdicts,
 )
-from torchflex_operator.conditions import set_condition
 from torchflex_operator.failures import classify, succeeded
 from torchflex_operator.observed import Observed, PodView
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import CleanPodPolicy, JobSpec
-from torchflex_operator.timestamps import format_time, parse_time
+from torchflex_operator.status import Condition, JobStatus, LastFailure
 from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
 
 Manifest = dict[str, Any]
@@ -63,7 +64,8 @@ class Plan:
     create_network_policies: list[Manifest] = dataclasses.field(default_factory=list)
     delete_network_policies: list[str] = dataclasses.field(default_factory=list)
     delete_pods: list[PodDelete] = dataclasses.field(default_factory=list)
-    status: Manifest = dataclasses.field(default_factory=dict)
+    status: JobStatus | None = None
+    """The job's new status; None: none decided (a job being deleted)."""
     events: list[Event] = dataclasses.field(default_factory=list)
     requeue_after: float | None = None
     delete_job: bool = False
@@ -91,12 +93,17 @@ def backoff_delay(streak: int, settings: Settings) -> float:
 
 
 class _Pass:
-    """State of one planning pass; methods are its steps, in order."""
+    """State of one planning pass; methods are its steps, in order (``run``).
+
+    ``s`` is the status being decided: a frozen ``JobStatus`` each step
+    replaces (``dataclasses.replace``). The steps in ``verdicts`` read and
+    replace it the same way, through the attributes and helpers below.
+    """
 
     def __init__(
         self,
         job: JobSpec,
-        prior: Mapping[str, Any],
+        prior: JobStatus,
         observed: Observed,
         now: dt.datetime,
         settings: Settings,
@@ -105,25 +112,40 @@ class _Pass:
         self.prior = prior
         self.obs = observed
         self.now = now
+        self.stamp = now.replace(microsecond=0)
+        """``now`` as the status records it: whole seconds, like the string it becomes."""
         self.settings = settings
         self.plan = Plan()
-        self.s: Manifest = copy.deepcopy(dict(prior))
-        self.conds: list[dict[str, Any]] = self.s.setdefault("conditions", [])
-        try:
-            self.prior_phase: Phase | None = Phase(prior.get("phase", ""))
-        except ValueError:
-            self.prior_phase = None
+        self.s = replace(prior, conditions=prior.conditions or ())
+        self.prior_phase = prior.phase
         self.workers = observed.workers()
         self.fatal = ""  # set by account_failures: a failure retrying cannot help
 
     # -- helpers -------------------------------------------------------------
 
-    def _time(self, key: str) -> dt.datetime | None:
-        return parse_time(self.s.get(key))
-
-    def _since(self, key: str) -> float | None:
-        when = self._time(key)
+    def since(self, when: dt.datetime | None) -> float | None:
+        """Seconds from ``when`` to now; None for no time."""
         return None if when is None else (self.now - when).total_seconds()
+
+    @property
+    def finished(self) -> bool:
+        return self.s.phase is not None and self.s.phase.finished
+
+    def condition(self, ctype: ConditionType) -> Condition | None:
+        return conditions.get_condition(self.s.conditions or (), ctype)
+
+    def set_condition(
+        self, ctype: ConditionType, *, status: bool, reason: Reason, message: str
+    ) -> None:
+        conds = conditions.set_condition(
+            self.s.conditions or (),
+            ctype,
+            status=status,
+            reason=reason,
+            message=message,
+            now=self.stamp,
+        )
+        self.s = replace(self.s, conditions=conds)
 
     def _all_pods(self) -> list[PodView]:
         return list(self.obs.pods)
@@ -131,12 +153,15 @@ class _Pass:
     # -- terminal handling -----------------------------------------------------
 
     def finish(self, phase: Phase, reason: Reason, message: str) -> None:
-        self.s["phase"] = phase.value
-        self.s["completionTime"] = format_time(self.now)
-        self.s.pop("belowMinSince", None)
-        self.s.pop("backoffUntil", None)
+        self.s = replace(
+            self.s,
+            phase=phase,
+            completion_time=self.stamp,
+            below_min_since=None,
+            backoff_until=None,
+        )
         ctype = ConditionType.SUCCEEDED if phase is Phase.SUCCEEDED else ConditionType.FAILED
-        set_condition(self.conds, ctype, status=True, reason=reason, message=message, now=self.now)
+        self.set_condition(ctype, status=True, reason=reason, message=message)
         etype = EventType.NORMAL if phase is Phase.SUCCEEDED else EventType.WARNING
         ereason = EventReason.SUCCEEDED if phase is Phase.SUCCEEDED else EventReason.FAILED
         self.plan.event(etype, ereason, f"{reason.value}: {message}")
@@ -150,7 +175,7 @@ class _Pass:
             if policy is CleanPodPolicy.ALL or not pod.finished:
                 self.plan.delete(pod)
         ttl = self.job.ttl_seconds_after_finished
-        done = self._time("completionTime")
+        done = self.s.completion_time
         if ttl is not None and done is not None:
             left = ttl - (self.now - done).total_seconds()
             if left <= 0:
@@ -175,35 +200,36 @@ class _Pass:
                 EventReason.SUSPENDED,
                 f"job suspended; deleting {len(pods)} pod(s)",
             )
-        self.s["phase"] = Phase.SUSPENDED.value
-        for key in ("startTime", "belowMinSince", "backoffUntil"):
-            self.s.pop(key, None)
-        set_condition(
-            self.conds,
+        self.s = replace(
+            self.s,
+            phase=Phase.SUSPENDED,
+            start_time=None,
+            below_min_since=None,
+            backoff_until=None,
+        )
+        self.set_condition(
             ConditionType.SUSPENDED,
             status=True,
             reason=Reason.SUSPENDED_BY_USER,
             message="spec.suspend is true",
-            now=self.now,
         )
 
     def resume_if_needed(self) -> None:
         if self.prior_phase is Phase.SUSPENDED:
             self.plan.event(EventType.NORMAL, EventReason.RESUMED, "job resumed")
-            set_condition(
-                self.conds,
+            self.set_condition(
                 ConditionType.SUSPENDED,
                 status=False,
                 reason=Reason.RESUMED,
                 message="spec.suspend is false",
-                now=self.now,
             )
-            self.s["phase"] = Phase.PENDING.value
-        self.s.setdefault("startTime", format_time(self.now))
+            self.s = replace(self.s, phase=Phase.PENDING)
+        if self.s.start_time is None:
+            self.s = replace(self.s, start_time=self.stamp)
 
     def account_failures(self) -> list[PodView]:
         """Count each failed worker once (by UID, remembered in status); return them."""
-        accounted: list[str] = list(self.s.get("accountedPods") or [])
+        accounted = list(self.s.accounted_pods or ())
         failed = [w for w in self.workers if w.phase == "Failed"]
         fresh = 0
         for pod in failed:
@@ -216,20 +242,23 @@ class _Pass:
             fresh += 1
             if failure.fatal:
                 self.fatal = f"pod {pod.name}: {failure.message[-300:]}"
-            self.s["replacements"] = int(self.s.get("replacements", 0)) + 1
-            if failure.counted:
-                self.s["failures"] = int(self.s.get("failures", 0)) + 1
+            failures = self.s.failures or 0
+            self.s = replace(
+                self.s,
+                replacements=(self.s.replacements or 0) + 1,
+                failures=failures + 1 if failure.counted else self.s.failures,
+                last_failure=LastFailure(
+                    pod=pod.name,
+                    reason=failure.reason.value,
+                    exit_code=failure.exit_code,
+                    counted=failure.counted,
+                    message=failure.message[-1024:],
+                    time=self.stamp,
+                ),
+            )
             self.plan.replacements.append(failure.reason)
             code = "" if failure.exit_code is None else f" (exit code {failure.exit_code})"
             counted = "counted" if failure.counted else "not counted"
-            self.s["lastFailure"] = {
-                "pod": pod.name,
-                "reason": failure.reason.value,
-                "exitCode": failure.exit_code,
-                "counted": failure.counted,
-                "message": failure.message[-1024:],
-                "time": format_time(self.now),
-            }
             self.plan.event(
                 EventType.WARNING,
                 failure.event_reason,
@@ -238,19 +267,22 @@ class _Pass:
             )
         # Forget UIDs of pods that are gone: the list stays bounded by live pods.
         live = {p.uid for p in self.obs.pods}
-        self.s["accountedPods"] = [u for u in accounted if u in live][
-            -self.settings.accounted_pods_kept :
-        ]
+        kept = [u for u in accounted if u in live][-self.settings.accounted_pods_kept :]
+        self.s = replace(self.s, accounted_pods=tuple(kept))
         if fresh and not self.fatal:  # a fatal failure ends the job: nothing is replaced
-            last = self._since("lastReplacementTime")
-            streak = int(self.s.get("replacementStreak", 0))
+            last = self.since(self.s.last_replacement_time)
+            streak = self.s.replacement_streak or 0
             streak = (
                 streak + 1 if last is not None and last < 2 * self.settings.backoff_cap_s else 1
             )
             delay = backoff_delay(streak, self.settings)
-            self.s["replacementStreak"] = streak
-            self.s["lastReplacementTime"] = format_time(self.now)
-            self.s["backoffUntil"] = format_time(self.now + dt.timedelta(seconds=delay))
+            until = self.now + dt.timedelta(seconds=delay)
+            self.s = replace(
+                self.s,
+                replacement_streak=streak,
+                last_replacement_time=self.stamp,
+                backoff_until=until.replace(microsecond=0),
+            )
             self.plan.event(
                 EventType.NORMAL,
                 EventReason.BACKING_OFF,
@@ -272,15 +304,15 @@ class _Pass:
         """Scale toward ``desiredReplicas`` (``held``: a refused create waits); the budget used."""
         job = self.job
         desired = job.desired
-        prior_desired = self.s.get("desiredReplicas")
-        if isinstance(prior_desired, int) and prior_desired != desired:
+        prior_desired = self.s.desired_replicas
+        if prior_desired is not None and prior_desired != desired:
             up = desired > prior_desired
             self.plan.event(
                 EventType.NORMAL,
                 EventReason.SCALED_UP if up else EventReason.SCALED_DOWN,
                 f"desired replicas {prior_desired} -> {desired}",
             )
-        self.s["desiredReplicas"] = desired
+        self.s = replace(self.s, desired_replicas=desired)
         active = [w for w in self.workers if w.active]
         if len(active) > desired:
             # Pending pods first (they hold no training state), then out-of-date
@@ -296,7 +328,7 @@ class _Pass:
         missing = desired - len(active)
         if missing <= 0 or held:
             return None
-        until = self._time("backoffUntil")
+        until = self.s.backoff_until
         if until is not None and until > self.now:
             self.plan.wake_in((until - self.now).total_seconds())
             return None
@@ -315,7 +347,7 @@ class _Pass:
 
     def roll(self) -> None:
         """Replace workers built from an older spec (see ``rollout.step``)."""
-        until = self._time("backoffUntil")
+        until = self.s.backoff_until
         victims, left = rollout.step(
             self.job,
             self.workers,
@@ -344,7 +376,7 @@ class _Pass:
                 self.plan.delete(pod)
         if pods or held:
             return
-        if self.s.get("rendezvousHost"):
+        if self.s.rendezvous_host:
             self.plan.event(
                 EventType.WARNING,
                 EventReason.RENDEZVOUS_HOST_LOST,
@@ -352,7 +384,7 @@ class _Pass:
             )
         else:
             self.plan.event(EventType.NORMAL, EventReason.STORE_CREATED, f"created {name}")
-        self.s["rendezvousHost"] = name
+        self.s = replace(self.s, rendezvous_host=name)
         self.plan.create_pods.append(host.build(job, self.settings))
 
     def ensure_services(self) -> None:
@@ -373,29 +405,25 @@ class _Pass:
         job = self.job
         running = sum(1 for w in self.workers if w.running)
         if running >= job.min_replicas:
-            self.s.pop("belowMinSince", None)
-            self.s["phase"] = Phase.RUNNING.value
-            set_condition(
-                self.conds,
+            self.s = replace(self.s, below_min_since=None, phase=Phase.RUNNING)
+            self.set_condition(
                 ConditionType.MIN_AVAILABLE,
                 status=True,
                 reason=Reason.MIN_REPLICAS_RUNNING,
                 message=f"{running} of minimum {job.min_replicas} workers running",
-                now=self.now,
             )
             return
-        self.s.setdefault("belowMinSince", format_time(self.now))
-        below = self._since("belowMinSince") or 0.0
+        began = self.s.below_min_since or self.stamp
+        below = self.since(began) or 0.0
         was_running = self.prior_phase in (Phase.RUNNING, Phase.RESTARTING)
-        self.s["phase"] = (Phase.RESTARTING if was_running else Phase.PENDING).value
+        phase = Phase.RESTARTING if was_running else Phase.PENDING
+        self.s = replace(self.s, below_min_since=began, phase=phase)
         message = f"{running} of minimum {job.min_replicas} workers running"
-        set_condition(
-            self.conds,
+        self.set_condition(
             ConditionType.MIN_AVAILABLE,
             status=False,
             reason=Reason.BELOW_MIN_REPLICAS,
             message=message,
-            now=self.now,
         )
         left = job.min_available_timeout_s - below
         if left <= 0:
@@ -409,67 +437,63 @@ class _Pass:
 
     def counts(self) -> None:
         active = [w for w in self.workers if w.active]
-        self.s["replicas"] = len(active)
-        self.s["readyReplicas"] = sum(1 for w in active if w.ready)
         current = builders.template_hash(self.job)
-        self.s["updatedReplicas"] = sum(1 for w in active if not rollout.outdated(w, current))
-        self.s["selector"] = labels.worker_selector(self.job.name)
-        self.s["observedGeneration"] = self.job.generation
-        for key in ("failures", "replacements", "restarts"):
-            self.s.setdefault(key, 0)
+        restarts = self.s.restarts or 0
+        rnd = -1 if self.s.rendezvous_round is None else self.s.rendezvous_round
+        world = self.s.world_size or 0
         # Finished members' final reports count: a job done between polls keeps its world size.
         names = {w.name for w in self.workers if w.active or succeeded(w)}
         reports = [r for n, r in self.obs.reports.items() if n in names and r.round >= 0]
         if reports:
             rnd = max(r.round for r in reports)
-            self.s["rendezvousRound"] = rnd
-            self.s["worldSize"] = max(r.world_size for r in reports if r.round == rnd)
-            self.s["restarts"] = max(int(self.s["restarts"]), *(r.restarts for r in reports))
-        self.s.setdefault("worldSize", 0)
-        self.s.setdefault("rendezvousRound", -1)
+            world = max(r.world_size for r in reports if r.round == rnd)
+            restarts = max(restarts, *(r.restarts for r in reports))
+        self.s = replace(
+            self.s,
+            replicas=len(active),
+            ready_replicas=sum(1 for w in active if w.ready),
+            updated_replicas=sum(1 for w in active if not rollout.outdated(w, current)),
+            selector=labels.worker_selector(self.job.name),
+            observed_generation=self.job.generation,
+            failures=self.s.failures or 0,
+            replacements=self.s.replacements or 0,
+            restarts=restarts,
+            rendezvous_round=rnd,
+            world_size=world,
+        )
 
-
-def plan(
-    job: JobSpec,
-    status: Mapping[str, Any],
-    observed: Observed,
-    now: dt.datetime,
-    settings: Settings | None = None,
-) -> Plan:
-    """Decide everything one reconcile pass does for ``job``; pure."""
-    p = _Pass(job, status, observed, now, settings or Settings())
-    result = p.plan
-    if job.deleting:
-        return result  # the garbage collector owns teardown
-    if p.prior_phase is not None and p.prior_phase.finished:
-        p.cleanup()
-    elif job.suspend:
-        p.suspend()
-    else:
-        p.resume_if_needed()
-        failed = p.account_failures()
-        verdicts.force_delete_stuck(p)
+    def decide(self) -> None:
+        """The steps of a job that is neither finished nor suspended, in order."""
+        job, result = self.job, self.plan
+        self.resume_if_needed()
+        failed = self.account_failures()
+        verdicts.force_delete_stuck(self)
         deadline = job.active_deadline_s
-        started = p._since("startTime") or 0.0
-        verdict = completion.judge(p.workers, observed.reports)
+        started = self.since(self.s.start_time) or 0.0
+        verdict = completion.judge(self.workers, self.obs.reports)
         outcome = None if verdict is None else verdict.outcome
+        failures = self.s.failures or 0
         if verdict is not None and outcome is completion.Outcome.SUCCEEDED:
-            p.finish(Phase.SUCCEEDED, Reason.WORKER_GROUP_SUCCEEDED, verdict.message)
+            self.finish(Phase.SUCCEEDED, Reason.WORKER_GROUP_SUCCEEDED, verdict.message)
         elif verdict is not None and outcome is completion.Outcome.FAILED:
-            p.finish(Phase.FAILED, Reason.FINAL_ROUND_INCOMPLETE, verdict.message)
-        elif p.fatal:
-            p.finish(Phase.FAILED, Reason.BAD_COMMAND, p.fatal)
-        elif int(p.s.get("failures", 0)) > job.backoff_limit:
-            last = p.s.get("lastFailure") or {}
-            p.finish(
+            self.finish(Phase.FAILED, Reason.FINAL_ROUND_INCOMPLETE, verdict.message)
+        elif self.fatal:
+            self.finish(Phase.FAILED, Reason.BAD_COMMAND, self.fatal)
+        elif failures > job.backoff_limit:
+            last = self.s.last_failure
+            pod, why, code, text = (
+                (None, None, None, "")
+                if last is None
+                else (last.pod, last.reason, last.exit_code, last.message)
+            )
+            self.finish(
                 Phase.FAILED,
                 Reason.BACKOFF_LIMIT_EXCEEDED,
-                f"{p.s['failures']} counted failures > backoffLimit={job.backoff_limit}; last: "
-                f"{last.get('pod')} {last.get('reason')} exit {last.get('exitCode')}: "
-                f"{str(last.get('message', ''))[-300:]}",
+                f"{failures} counted failures > backoffLimit={job.backoff_limit}; last: "
+                f"{pod} {why} exit {code}: {text[-300:]}",
             )
         elif deadline is not None and started >= deadline:
-            p.finish(
+            self.finish(
                 Phase.FAILED,
                 Reason.DEADLINE_EXCEEDED,
                 f"running longer than activeDeadlineSeconds={deadline}",
@@ -477,29 +501,50 @@ def plan(
         elif verdict is not None:  # completing: the rest of the final round may still work
             if deadline is not None:
                 result.wake_in(deadline - started)
-            verdicts.complete(p, verdict)
+            verdicts.complete(self, verdict)
         else:
             if deadline is not None:
                 result.wake_in(deadline - started)
-            p.replace_failed(failed)
-            verdicts.fence(p)
-            held = verdicts.refusals(p)
-            if not Phase(p.s.get("phase", Phase.PENDING)).finished:
-                p.availability()
-            if not Phase(p.s["phase"]).finished:
-                verdicts.store_liveness(p)
-                p.rendezvous_host(held)
-                p.ensure_services()
-                p.ensure_network_policy()
-                budget = p.scale(held)
-                p.roll()
-                verdicts.desired_size(p, budget, held)
-        if Phase(p.s["phase"]).finished:
-            p.cleanup()
+            self.replace_failed(failed)
+            verdicts.fence(self)
+            held = verdicts.refusals(self)
+            if not self.finished:
+                self.availability()
+            if not self.finished:
+                verdicts.store_liveness(self)
+                self.rendezvous_host(held)
+                self.ensure_services()
+                self.ensure_network_policy()
+                budget = self.scale(held)
+                self.roll()
+                verdicts.desired_size(self, budget, held)
+        if self.finished:
+            self.cleanup()
         else:
-            result.wake_in(p.settings.resync_s)
-    p.counts()
-    decided = [(e.type.value, e.reason.value, e.message) for e in result.events]
-    events.settle(p.s, status, decided, observed.posted_events)
-    result.status = p.s
-    return result
+            result.wake_in(self.settings.resync_s)
+
+    def run(self) -> Plan:
+        if self.job.deleting:
+            return self.plan  # the garbage collector owns teardown; no status to write
+        if self.prior_phase is not None and self.prior_phase.finished:
+            self.cleanup()
+        elif self.job.suspend:
+            self.suspend()
+        else:
+            self.decide()
+        self.counts()
+        decided = [(e.type, e.reason.value, e.message) for e in self.plan.events]
+        self.s = events.settle(self.s, self.prior, decided, self.obs.posted_events)
+        self.plan.status = self.s
+        return self.plan
+
+
+def plan(
+    job: JobSpec,
+    status: JobStatus,
+    observed: Observed,
+    now: dt.datetime,
+    settings: Settings | None = None,
+) -> Plan:
+    """Decide everything one reconcile pass does for ``job``; pure."""
+    return _Pass(job, status, observed, now, settings or Settings()).run()

@@ -2,13 +2,15 @@
 
 Where it sits: between kopf (``handlers`` feed the caches and the queue) and
 the API (``kube``). ``Reconciler.reconcile`` takes the job and its pods from
-the watch-fed caches, overlays expectations, calls the pure ``planner.plan``
-and applies the result: status first (it carries the failure bookkeeping,
-guarded by resourceVersion), then Services, pod creates and deletes, then
-Events. A pass that changes nothing makes no API request, so the slow
-resync (``--resync``) of an idle job is free. The first pass of a job after
-start or takeover reads the job and its pods from the API once (the watches
-may not have delivered them yet, and a standby's cache is stale); so does
+the watch-fed caches, overlays expectations, parses the job's spec and
+status (``JobSpec``, ``JobStatus``), calls the pure ``planner.plan`` and
+applies the result: status first (serialised once and patched only where it
+differs from what the API holds; it carries the failure bookkeeping, guarded
+by resourceVersion), then Services, pod creates and deletes, then Events. A
+pass that changes nothing makes no API request, so the slow resync
+(``--resync``) of an idle job is free. The first pass of a job after start
+or takeover reads the job and its pods from the API once (the watches may
+not have delivered them yet, and a standby's cache is stale); so does
 the pass after a status write was refused as stale (409). Workers wait on
 the ``peering`` gate: a standby replica takes no key and writes nothing.
 """
@@ -43,6 +45,7 @@ from torchflex_operator.peering import Gate
 from torchflex_operator.planner import Plan, plan
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
+from torchflex_operator.status import JobStatus
 from torchflex_operator.vocabulary import EventReason, EventType
 from torchflex_operator.workqueue import WorkQueue, cancel_all
 
@@ -51,15 +54,6 @@ log = logging.getLogger(__name__)
 # many seconds, not once per job and pass (helm uninstall does exactly this).
 DENIED_WARN_EVERY_S = 300.0
 RIGHTS_WITHDRAWN = "operator rights withdrawn"
-
-
-def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge patch turning ``old`` into ``new`` (removed keys become null)."""
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
-    for key in old:
-        if key not in new:
-            patch[key] = None
-    return patch
 
 
 def utcnow() -> dt.datetime:
@@ -254,9 +248,9 @@ class Reconciler:
             await self._event(obj, EventType.WARNING, EventReason.INVALID_SPEC, str(exc), now)
             raise
         observed = await self.observe(key, now)
-        result = plan(job, obj.get("status") or {}, observed, now, self.settings)
+        result = plan(job, JobStatus.parse(obj.get("status") or {}), observed, now, self.settings)
         await self.apply(key, obj, result, now)
-        self.metrics.job_phase(key, result.status.get("phase"))
+        self.metrics.job_phase(key, None if result.status is None else result.status.phase)
         requeue = result.requeue_after
         if self.poller.enabled and requeue is not None and any(p.running for p in observed.pods):
             # Agents' progress (world size, round) is only seen by asking again.
@@ -275,13 +269,13 @@ class Reconciler:
         self, key: JobKey, obj: Mapping[str, Any], result: Plan, now: dt.datetime
     ) -> None:
         namespace, name = key
-        old = obj.get("status") or {}
-        if result.status and result.status != old:
+        status = JobStatus() if result.status is None else result.status
+        # Serialised once, written once, and only when it differs from what the API holds.
+        patch = {} if result.status is None else status.to_patch(obj.get("status") or {})
+        if patch:
             rv = str(obj["metadata"].get("resourceVersion", ""))
             try:
-                fresh = await self.kube.patch_job_status(
-                    namespace, name, rv, status_patch(old, result.status)
-                )
+                fresh = await self.kube.patch_job_status(namespace, name, rv, patch)
             except ConflictError:
                 self._synced.discard(key)  # planned from a stale job: re-read, re-plan
                 raise
@@ -328,11 +322,11 @@ class Reconciler:
         # Events go out after the status write that carries them (events.py): a
         # pass cut short here leaves them pending in the status for the next one.
         posted = self._posted.setdefault(key, set())
-        for event in events.due(result.status, frozenset(posted)):
-            if await self._event(obj, event["type"], event["reason"], event["message"], now):
-                posted.add(int(event["id"]))
-            log.info("%s/%s %s: %s", namespace, name, event["reason"], event["message"])
-        posted &= {int(e["id"]) for e in result.status.get("pendingEvents") or []}
+        for event in events.due(status, frozenset(posted)):
+            if await self._event(obj, event.type, event.reason, event.message, now):
+                posted.add(event.id)
+            log.info("%s/%s %s: %s", namespace, name, event.reason, event.message)
+        posted &= {e.id for e in status.pending_events or ()}
         if result.delete_job:
             await self.kube.delete_job(namespace, name, str(obj["metadata"].get("uid", "")))
 

@@ -14,20 +14,22 @@ decisions, conditions and Events:
 
 Conditions are level-derived: each pass recomputes them from what it
 observes, and an Event is planned only where a condition turns (so a pass
-that changes nothing plans nothing).
+that changes nothing plans nothing). Each step reads the pass's typed
+status (``p.s``, a ``JobStatus``) and replaces it with what it decided.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from torchflex_contract.labels import Role
 from torchflex_operator import fencing
 from torchflex_operator.completion import Verdict
-from torchflex_operator.conditions import get_condition, set_condition
 from torchflex_operator.observed import PodView
 from torchflex_operator.pacing import Budget
-from torchflex_operator.timestamps import format_time, parse_time
+from torchflex_operator.status import ConditionStatus, LastFailure, LostVerdict, SilentMember
+from torchflex_operator.timestamps import format_time
 from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
 
 if TYPE_CHECKING:
@@ -36,10 +38,10 @@ if TYPE_CHECKING:
 
 def _turns(p: _Pass, ctype: ConditionType, status: bool, message: str | None = None) -> bool:
     """Whether setting ``ctype`` to ``status`` (and ``message``) changes what status says."""
-    cond = get_condition(p.conds, ctype)
-    if cond is None or cond.get("status") != ("True" if status else "False"):
+    cond = p.condition(ctype)
+    if cond is None or cond.status != (ConditionStatus.TRUE if status else ConditionStatus.FALSE):
         return True
-    return message is not None and cond.get("message") != message
+    return message is not None and cond.message != message
 
 
 def complete(p: _Pass, verdict: Verdict) -> None:
@@ -52,21 +54,20 @@ def complete(p: _Pass, verdict: Verdict) -> None:
     its peers have exited, so no verdict of theirs will come) is fenced, so
     the job ends (``FinalRoundIncomplete``) instead of waiting forever.
     """
-    if "completingSince" not in p.s:
-        p.s["completingSince"] = format_time(p.now)
+    if p.s.completing_since is None:
+        p.s = replace(p.s, completing_since=p.stamp)
         p.plan.event(EventType.NORMAL, EventReason.COMPLETING, verdict.message)
     for pod in p.workers:
         if pod.active and not pod.node_name:
             p.plan.delete(pod)
-    known = {str(e.get("pod")): e for e in p.s.get("silentMembers") or [] if isinstance(e, dict)}
-    silent: list[dict[str, object]] = []
+    known = {e.pod: e for e in p.s.silent_members or ()}
+    silent: list[SilentMember] = []
     for pod in p.workers:
         if pod.name not in verdict.waiting_for or pod.name not in p.obs.unanswered:
             continue
-        entry = known.get(pod.name) or {"pod": pod.name, "since": format_time(p.now)}
+        entry = known.get(pod.name) or SilentMember(pod.name, p.stamp)
         silent.append(entry)
-        since = parse_time(entry.get("since")) or p.now
-        left = p.settings.completion_silence_s - (p.now - since).total_seconds()
+        left = p.settings.completion_silence_s - (p.now - entry.since).total_seconds()
         if left > 0:
             p.plan.wake_in(left)
             continue
@@ -75,19 +76,15 @@ def complete(p: _Pass, verdict: Verdict) -> None:
             EventType.WARNING,
             EventReason.FENCED_POD,
             f"pod {pod.name} may be a member of the final round but its agent has not "
-            f"answered /status since {entry['since']}: deleting it; the job cannot complete",
+            f"answered /status since {format_time(entry.since)}: deleting it; the job cannot "
+            "complete",
         )
-    if silent:
-        p.s["silentMembers"] = silent
-    else:
-        p.s.pop("silentMembers", None)
-    set_condition(
-        p.conds,
+    p.s = replace(p.s, silent_members=tuple(silent) or None)
+    p.set_condition(
         ConditionType.AT_DESIRED_SIZE,
         status=False,
         reason=Reason.COMPLETING,
         message=verdict.message,
-        now=p.now,
     )
 
 
@@ -118,20 +115,15 @@ def fence(p: _Pass) -> None:
     force-delete path (``force_delete_stuck``).
     """
     # When each verdict (pod, round) was first seen: it binds to the pod that existed then.
-    known = {str(v.get("pod")): v for v in p.s.get("lostVerdicts") or [] if isinstance(v, dict)}
-    kept: list[dict[str, object]] = []
+    known = {v.pod: v for v in p.s.lost_verdicts or ()}
+    kept: list[LostVerdict] = []
     for name, (rnd, _) in sorted(fencing.verdicts(p.obs.reports).items()):
         entry = known.get(name)
-        if entry is None or entry.get("round") != rnd:
-            entry = {"pod": name, "round": rnd, "since": format_time(p.now)}
+        if entry is None or entry.round != rnd:
+            entry = LostVerdict(name, rnd, p.stamp)
         kept.append(entry)
-    if kept:
-        p.s["lostVerdicts"] = kept[-p.settings.accounted_pods_kept :]
-    else:
-        p.s.pop("lostVerdicts", None)
-    first_seen = {
-        str(v["pod"]): when for v in kept if (when := parse_time(v.get("since"))) is not None
-    }
+    p.s = replace(p.s, lost_verdicts=tuple(kept[-p.settings.accounted_pods_kept :]) or None)
+    first_seen = {v.pod: v.since for v in kept}
     for pod in p.workers:
         # A fenced pod whose kubelet never confirms the deletion (the whole
         # machine froze or lost the network) is forced once its grace period
@@ -151,34 +143,37 @@ def fence(p: _Pass) -> None:
             f"force-deleted fenced pod {pod.name}: still terminating "
             f"{p.settings.force_delete_after_s:.0f}s after its grace period",
         )
-    accounted: list[str] = list(p.s.get("accountedPods") or [])
+    accounted = list(p.s.accounted_pods or ())
     for lost in fencing.lost_members(p.workers, p.obs.reports, p.obs.unanswered, first_seen):
         pod = lost.pod
         p.plan.delete(pod, grace_s=min(pod.grace_s, p.settings.fence_grace_s))
         if pod.uid in accounted:
             continue
         accounted.append(pod.uid)
-        p.s["replacements"] = int(p.s.get("replacements", 0)) + 1
+        p.s = replace(
+            p.s,
+            replacements=(p.s.replacements or 0) + 1,
+            last_failure=LastFailure(
+                pod=pod.name,
+                reason=Reason.MEMBER_LOST.value,
+                exit_code=None,
+                counted=False,
+                message=lost.message,
+                time=p.stamp,
+            ),
+        )
         p.plan.replacements.append(Reason.MEMBER_LOST)
-        p.s["lastFailure"] = {
-            "pod": pod.name,
-            "reason": Reason.MEMBER_LOST.value,
-            "exitCode": None,
-            "counted": False,
-            "message": lost.message,
-            "time": format_time(p.now),
-        }
         p.plan.event(
             EventType.WARNING,
             EventReason.FENCED_POD,
             f"{lost.message}: deleting it to replace it (not counted against backoffLimit)",
         )
-    p.s["accountedPods"] = accounted[-p.settings.accounted_pods_kept :]
+    p.s = replace(p.s, accounted_pods=tuple(accounted[-p.settings.accounted_pods_kept :]))
 
 
 def _host(p: _Pass) -> PodView | None:
     hosts = [*p.obs.role(Role.STORE), *p.obs.role(Role.ETCD)]
-    return next((h for h in hosts if h.name == p.s.get("rendezvousHost")), None)
+    return next((h for h in hosts if h.name == p.s.rendezvous_host), None)
 
 
 def store_liveness(p: _Pass) -> None:
@@ -191,28 +186,25 @@ def store_liveness(p: _Pass) -> None:
             # answer; a replacement that has not tried the store says nothing).
             return
         if _turns(p, ctype, True):
-            if get_condition(p.conds, ctype) is not None:
+            if p.condition(ctype) is not None:
                 p.plan.event(
                     EventType.NORMAL, EventReason.STORE_REACHABLE, "agents reach the store again"
                 )
-            set_condition(
-                p.conds,
+            p.set_condition(
                 ctype,
                 status=True,
                 reason=Reason.STORE_REACHABLE,
                 message="no agent reports a store error",
-                now=p.now,
             )
-        p.s.pop("storeUnreachableSince", None)
+        p.s = replace(p.s, store_unreachable_since=None)
         return
-    p.s.setdefault("storeUnreachableSince", format_time(p.now))
-    since = p._since("storeUnreachableSince") or 0.0
-    message = f"{health.message}; since {p.s['storeUnreachableSince']}"
+    began = p.s.store_unreachable_since or p.stamp
+    p.s = replace(p.s, store_unreachable_since=began)
+    since = p.since(began) or 0.0
+    message = f"{health.message}; since {format_time(began)}"
     if _turns(p, ctype, False):
         p.plan.event(EventType.WARNING, EventReason.STORE_UNREACHABLE, message)
-    set_condition(
-        p.conds, ctype, status=False, reason=Reason.STORE_UNREACHABLE, message=message, now=p.now
-    )
+    p.set_condition(ctype, status=False, reason=Reason.STORE_UNREACHABLE, message=message)
     host = _host(p)
     if not health.majority_blind or host is None or not host.running:
         return
@@ -242,23 +234,19 @@ def refusals(p: _Pass) -> bool:
     ctype = ConditionType.CHILDREN_ACCEPTED
     refused = sorted(p.obs.refusals.values(), key=lambda r: r.at)
     if not refused:
-        if get_condition(p.conds, ctype) is not None and _turns(p, ctype, True):
-            set_condition(
-                p.conds,
+        if p.condition(ctype) is not None and _turns(p, ctype, True):
+            p.set_condition(
                 ctype,
                 status=True,
                 reason=Reason.ACCEPTED,
                 message="every object was created",
-                now=p.now,
             )
         return False
     last = refused[-1]
     message = f"the API server refused {last.kind} {last.name} (HTTP {last.code}): {last.message}"
     if _turns(p, ctype, False, message):
         p.plan.event(EventType.WARNING, EventReason.CREATE_REFUSED, message)
-    set_condition(
-        p.conds, ctype, status=False, reason=Reason.CREATE_REFUSED, message=message, now=p.now
-    )
+    p.set_condition(ctype, status=False, reason=Reason.CREATE_REFUSED, message=message)
     permanent = next((r for r in refused if r.permanent), None)
     if permanent is not None:
         p.finish(
@@ -277,11 +265,11 @@ def refusals(p: _Pass) -> bool:
 
 def desired_size(p: _Pass, budget: Budget | None, held: bool) -> None:
     """``AtDesiredSize``: True when ``desiredReplicas`` workers run, else why not."""
-    desired = int(p.s.get("desiredReplicas", p.job.desired))
+    desired = p.job.desired if p.s.desired_replicas is None else p.s.desired_replicas
     running = sum(1 for w in p.workers if w.running)
     active = sum(1 for w in p.workers if w.active)
     have = f"{running} of {desired} desired workers running"
-    until = p._time("backoffUntil")
+    until = p.s.backoff_until
     if running >= desired:
         status, reason, message = True, Reason.DESIRED_SIZE_RUNNING, have
     elif held:
@@ -289,16 +277,16 @@ def desired_size(p: _Pass, budget: Budget | None, held: bool) -> None:
         message = f"{have}; pod creation refused (see ChildrenAccepted)"
     elif until is not None and until > p.now and active < desired:
         status, reason = False, Reason.BACKING_OFF
-        message = f"{have}; replacements wait until {p.s['backoffUntil']}"
+        message = f"{have}; replacements wait until {format_time(until)}"
     elif budget is not None and budget.capped and active < desired:
         status, reason = False, Reason.PENDING_CAP_REACHED
         message = (
             f"{have}; {budget.unscheduled} pod(s) wait for a node (at most "
             f"{p.settings.max_unscheduled}); {desired - active} more are created as they schedule"
         )
+        shown = p.condition(ConditionType.AT_DESIRED_SIZE)
         if _turns(p, ConditionType.AT_DESIRED_SIZE, False) or (
-            (get_condition(p.conds, ConditionType.AT_DESIRED_SIZE) or {}).get("reason")
-            != reason.value
+            shown is None or shown.reason != reason.value
         ):
             p.plan.event(EventType.WARNING, EventReason.PENDING_CAP_REACHED, message)
     elif active < desired:
@@ -307,11 +295,4 @@ def desired_size(p: _Pass, budget: Budget | None, held: bool) -> None:
     else:
         status, reason = False, Reason.STARTING
         message = f"{have}; {active - running} starting"
-    set_condition(
-        p.conds,
-        ConditionType.AT_DESIRED_SIZE,
-        status=status,
-        reason=reason,
-        message=message,
-        now=p.now,
-    )
+    p.set_condition(ConditionType.AT_DESIRED_SIZE, status=status, reason=reason, message=message)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from torchflex_contract import labels
 from torchflex_contract.labels import Role
 from torchflex_operator.observed import Observed, PodView
+from torchflex_operator.planner import Plan
 from torchflex_operator.spec import JobSpec
+from torchflex_operator.status import JobStatus
 
 NOW = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 NAME = "demo"
@@ -68,6 +71,22 @@ def observed(*pods: PodView, **kw: Any) -> Observed:
     if not any(p.role == Role.STORE for p in pods):
         pods = (*pods, store())
     return Observed(pods=tuple(pods), **kw)
+
+
+def parsed(raw: Mapping[str, Any]) -> JobStatus:
+    """A status as the API holds it (a dict), parsed as the reconciler parses it."""
+    return JobStatus.parse(raw)
+
+
+def decided(result: Plan) -> JobStatus:
+    """The status a plan decided: the next pass's input."""
+    assert result.status is not None, "the plan decided no status"
+    return result.status
+
+
+def written(result: Plan) -> dict[str, Any]:
+    """The status a plan decided, as the reconciler writes it (``{}``: none)."""
+    return {} if result.status is None else result.status.to_manifest()
 
 
 def ago(seconds: float) -> str:

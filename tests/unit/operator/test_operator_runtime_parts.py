@@ -22,8 +22,9 @@ from torchflex_operator.errors import (
 )
 from torchflex_operator.expectations import TIMEOUT, Expectations
 from torchflex_operator.kube import Kube, _typed
-from torchflex_operator.reconciler import RIGHTS_WITHDRAWN, Reconciler, status_patch
+from torchflex_operator.reconciler import RIGHTS_WITHDRAWN, Reconciler
 from torchflex_operator.settings import Settings
+from torchflex_operator.status import merge_patch
 from torchflex_operator.workqueue import WorkQueue
 
 JOB = ("ns", "demo")
@@ -104,7 +105,7 @@ def test_node_cache() -> None:
 def test_status_patch_nulls_removed_keys() -> None:
     old = {"phase": "Running", "belowMinSince": "x", "replicas": 2}
     new = {"phase": "Running", "replicas": 3}
-    assert status_patch(old, new) == {"replicas": 3, "belowMinSince": None}
+    assert merge_patch(old, new) == {"replicas": 3, "belowMinSince": None}
 
 
 def test_workqueue_dedupes_and_delays() -> None:

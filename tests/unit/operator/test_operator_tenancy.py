@@ -18,6 +18,7 @@ from torchflex_contract.labels import Label
 from torchflex_operator import backends, builders, manifests, netpol
 from torchflex_operator.planner import plan
 from torchflex_operator.settings import Settings
+from torchflex_operator.status import JobStatus
 
 POLICY = labels.network_policy_name(NAME)
 TEMPLATE_SPEC: dict[str, Any] = {
@@ -85,14 +86,14 @@ def test_namespace_without_labels_names_no_operator_peer() -> None:
 
 
 def test_planner_creates_the_policy_by_default() -> None:
-    result = plan(job(), {}, observed(worker(0), worker(1)), NOW)
+    result = plan(job(), JobStatus(), observed(worker(0), worker(1)), NOW)
     assert [p["metadata"]["name"] for p in result.create_network_policies] == [POLICY]
     assert result.delete_network_policies == []
 
 
 def test_planner_leaves_an_observed_policy_alone() -> None:
     obs = observed(worker(0), worker(1), network_policies=frozenset({POLICY}))
-    result = plan(job(), {}, obs, NOW)
+    result = plan(job(), JobStatus(), obs, NOW)
     assert result.create_network_policies == []
     assert result.delete_network_policies == []
 
@@ -100,10 +101,12 @@ def test_planner_leaves_an_observed_policy_alone() -> None:
 def test_opt_out_creates_nothing_and_deletes_an_existing_policy() -> None:
     off = job(networkPolicy={"enabled": False})
     assert off.network_policy is False
-    fresh = plan(off, {}, observed(worker(0), worker(1)), NOW)
+    fresh = plan(off, JobStatus(), observed(worker(0), worker(1)), NOW)
     assert fresh.create_network_policies == []
     assert fresh.delete_network_policies == []
-    had = plan(off, {}, observed(worker(0), worker(1), network_policies=frozenset({POLICY})), NOW)
+    had = plan(
+        off, JobStatus(), observed(worker(0), worker(1), network_policies=frozenset({POLICY})), NOW
+    )
     assert had.delete_network_policies == [POLICY]
 
 

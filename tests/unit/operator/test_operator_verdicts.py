@@ -9,17 +9,28 @@ from typing import Any
 
 import pytest
 
-from tests.unit.operator.factories import NAME, NOW, ago, job, observed, store, worker
+from tests.unit.operator.factories import (
+    NAME,
+    NOW,
+    ago,
+    decided,
+    job,
+    observed,
+    parsed,
+    store,
+    worker,
+    written,
+)
 from torchflex_contract import labels
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState
 from torchflex_operator import completion, events, fencing, pacing
 from torchflex_operator.completion import Outcome
-from torchflex_operator.conditions import get_condition
 from torchflex_operator.observed import PodView, Refusal
 from torchflex_operator.planner import Plan, plan
 from torchflex_operator.settings import Settings
-from torchflex_operator.vocabulary import ConditionType, EventReason, Phase, Reason
+from torchflex_operator.status import JobStatus
+from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
 
 RUNNING: dict[str, Any] = {"phase": "Running", "startTime": ago(10), "desiredReplicas": 4}
 
@@ -47,7 +58,8 @@ def reasons(result: Plan) -> list[EventReason]:
 
 
 def condition(result: Plan, ctype: ConditionType) -> dict[str, Any]:
-    cond = get_condition(result.status["conditions"], ctype)
+    conds: list[dict[str, Any]] = written(result)["conditions"]
+    cond = next((c for c in conds if c["type"] == ctype), None)
     assert cond is not None, f"no {ctype} condition"
     return cond
 
@@ -133,16 +145,16 @@ def test_completion_verdict(
 def test_rank0_saving_on_another_index_keeps_the_job_running_and_every_pod_alive() -> None:
     pods = [done(0), done(1), worker(2), worker(3, "Pending", node_name=None)]
     reports = {wn(0): final(5, 3, 1), wn(1): final(5, 3, 2), wn(2): live(5, node_rank=0)}
-    result = plan(job(), RUNNING, observed(*pods, reports=reports), NOW)
-    assert result.status["phase"] == Phase.RUNNING
+    result = plan(job(), parsed(RUNNING), observed(*pods, reports=reports), NOW)
+    assert written(result)["phase"] == Phase.RUNNING
     assert [d.name for d in result.delete_pods] == [wn(3)]  # never reached a node
     assert not result.create_pods
     assert EventReason.COMPLETING in reasons(result)
     assert condition(result, ConditionType.AT_DESIRED_SIZE)["reason"] == Reason.COMPLETING
     # rank 0 is done: Succeeded, and only now cleanup stops what is left (the store)
     reports[wn(2)] = final(5, 3, 0)
-    later = plan(job(), result.status, observed(done(0), done(1), done(2), reports=reports), NOW)
-    assert later.status["phase"] == Phase.SUCCEEDED
+    later = plan(job(), decided(result), observed(done(0), done(1), done(2), reports=reports), NOW)
+    assert written(later)["phase"] == Phase.SUCCEEDED
     assert condition(later, ConditionType.SUCCEEDED)["message"].startswith("all 3 member(s)")
     assert [d.name for d in later.delete_pods] == [labels.store_pod_name(NAME)]
     assert EventReason.COMPLETING not in reasons(later)  # said once
@@ -151,17 +163,17 @@ def test_rank0_saving_on_another_index_keeps_the_job_running_and_every_pod_alive
 def test_agent_that_found_the_job_closed_is_not_a_failure() -> None:
     closed = worker(2, "Failed", exit_code=int(ExitCode.RENDEZVOUS_CLOSED))
     reports = {wn(0): final(1, 2, 0), wn(1): final(1, 2, 1)}
-    result = plan(job(), RUNNING, observed(done(0), done(1), closed, reports=reports), NOW)
-    assert result.status["phase"] == Phase.SUCCEEDED
-    assert result.status["failures"] == 0 and result.status["replacements"] == 0
+    result = plan(job(), parsed(RUNNING), observed(done(0), done(1), closed, reports=reports), NOW)
+    assert written(result)["phase"] == Phase.SUCCEEDED
+    assert written(result)["failures"] == 0 and written(result)["replacements"] == 0
     assert EventReason.PREEMPTED not in reasons(result)
 
 
 def test_final_member_failing_after_others_exit_fails_the_job() -> None:
     pods = [done(0), worker(1, "Failed", exit_code=1)]
     reports = {wn(0): final(2, 2, 1)}
-    result = plan(job(), RUNNING, observed(*pods, reports=reports), NOW)
-    assert result.status["phase"] == Phase.FAILED
+    result = plan(job(), parsed(RUNNING), observed(*pods, reports=reports), NOW)
+    assert written(result)["phase"] == Phase.FAILED
     assert condition(result, ConditionType.FAILED)["reason"] == Reason.FINAL_ROUND_INCOMPLETE
 
 
@@ -210,27 +222,27 @@ def test_replacement_with_the_lost_pods_name_is_not_fenced() -> None:
     assert fencing.lost_members([new], reports, frozenset({wn(2)}), seen) == []
     status = {**RUNNING, "lostVerdicts": [{"pod": wn(2), "round": 3, "since": ago(0)}]}
     obs = observed(worker(0), worker(1), new, reports=reports, unanswered=frozenset({wn(2)}))
-    later = plan(job(), status, obs, NOW + dt.timedelta(seconds=6))
+    later = plan(job(), parsed(status), obs, NOW + dt.timedelta(seconds=6))
     assert not later.delete_pods
-    assert later.status["lostVerdicts"] == status["lostVerdicts"]  # first sighting kept
+    assert written(later)["lostVerdicts"] == status["lostVerdicts"]  # first sighting kept
 
 
 def test_fenced_pod_is_deleted_with_short_grace_and_not_counted() -> None:
     created = NOW - dt.timedelta(seconds=60)
     pods = [worker(0), worker(1), worker(2, grace_s=30, created=created)]
     obs = observed(*pods, reports={wn(0): lost_by(3, wn(2))}, unanswered=frozenset({wn(2)}))
-    result = plan(job(backoffLimit=0), RUNNING, obs, NOW)
+    result = plan(job(backoffLimit=0), parsed(RUNNING), obs, NOW)
     assert [(d.name, d.force, d.grace_s) for d in result.delete_pods] == [(wn(2), False, 5)]
-    assert result.status["failures"] == 0 and result.status["replacements"] == 1
-    assert result.status["lastFailure"]["reason"] == Reason.MEMBER_LOST
-    assert result.status["lastFailure"]["counted"] is False
+    assert written(result)["failures"] == 0 and written(result)["replacements"] == 1
+    assert written(result)["lastFailure"]["reason"] == Reason.MEMBER_LOST
+    assert written(result)["lastFailure"]["counted"] is False
     assert EventReason.FENCED_POD in reasons(result)
     assert result.replacements == [Reason.MEMBER_LOST]
     # next pass: the pod is terminating, then ends Failed by SIGKILL: nothing counted twice
     gone = dataclasses.replace(pods[2], phase="Failed", exit_code=137, deletion=NOW)
-    later = plan(job(backoffLimit=0), result.status, observed(pods[0], pods[1], gone), NOW)
-    assert later.status["phase"] == Phase.RUNNING
-    assert later.status["failures"] == 0 and later.status["replacements"] == 1
+    later = plan(job(backoffLimit=0), decided(result), observed(pods[0], pods[1], gone), NOW)
+    assert written(later)["phase"] == Phase.RUNNING
+    assert written(later)["failures"] == 0 and written(later)["replacements"] == 1
     assert EventReason.FENCED_POD not in reasons(later)
 
 
@@ -244,20 +256,20 @@ def blind(rnd: int = 2) -> AgentReport:
 def test_store_error_sets_condition_and_event_once() -> None:
     pods = [worker(0), worker(1)]
     obs = observed(*pods, reports={wn(0): blind(), wn(1): live(2)})
-    result = plan(job(), RUNNING, obs, NOW)
+    result = plan(job(), parsed(RUNNING), obs, NOW)
     cond = condition(result, ConditionType.STORE_REACHABLE)
     assert cond["status"] == "False" and cond["reason"] == Reason.STORE_UNREACHABLE
     assert "1 of 2" in cond["message"] and "connect timed out" in cond["message"]
-    assert result.status["storeUnreachableSince"] == ago(0)
+    assert written(result)["storeUnreachableSince"] == ago(0)
     assert EventReason.STORE_UNREACHABLE in reasons(result)
     assert not result.delete_pods  # one agent blind is its problem, not the store's
-    again = plan(job(), result.status, obs, NOW + dt.timedelta(seconds=60))
+    again = plan(job(), decided(result), obs, NOW + dt.timedelta(seconds=60))
     assert EventReason.STORE_UNREACHABLE not in reasons(again)
-    assert again.status["storeUnreachableSince"] == ago(0)
+    assert written(again)["storeUnreachableSince"] == ago(0)
     ok = observed(*pods, reports={wn(0): live(3), wn(1): live(3)})
-    back = plan(job(), again.status, ok, NOW + dt.timedelta(seconds=61))
+    back = plan(job(), decided(again), ok, NOW + dt.timedelta(seconds=61))
     assert condition(back, ConditionType.STORE_REACHABLE)["status"] == "True"
-    assert "storeUnreachableSince" not in back.status
+    assert "storeUnreachableSince" not in written(back)
     assert EventReason.STORE_REACHABLE in reasons(back)
 
 
@@ -278,7 +290,7 @@ def test_store_pod_replaced_on_the_groups_verdict(
     host = store(created=NOW - dt.timedelta(seconds=store_age))
     obs = observed(worker(0), worker(1), worker(2), host, reports=reports)
     status = {**RUNNING, "rendezvousHost": host.name, "storeUnreachableSince": ago(blind_for)}
-    result = plan(job(), status, obs, NOW)
+    result = plan(job(), parsed(status), obs, NOW)
     deletes = [(d.name, d.grace_s) for d in result.delete_pods]
     assert deletes == ([(host.name, 5)] if replaced else [])
     assert (EventReason.REPLACING_STORE in reasons(result)) is replaced
@@ -296,7 +308,7 @@ def refusal(code: int, at: dt.datetime = NOW) -> Refusal:
 
 def test_admission_refusal_is_a_condition_and_holds_creation() -> None:
     obs = observed(refusals={wn(0): refusal(403)})
-    result = plan(job(), RUNNING, obs, NOW)
+    result = plan(job(), parsed(RUNNING), obs, NOW)
     cond = condition(result, ConditionType.CHILDREN_ACCEPTED)
     assert cond["status"] == "False" and "PodSecurity" in cond["message"]
     assert "HTTP 403" in cond["message"]
@@ -307,21 +319,21 @@ def test_admission_refusal_is_a_condition_and_holds_creation() -> None:
     # after the retry delay: try again (the same refusal is not re-announced)
     later = plan(
         job(),
-        result.status,
+        decided(result),
         observed(refusals={wn(0): refusal(403, NOW)}),
         NOW + dt.timedelta(seconds=11),
     )
     assert len([p for p in later.create_pods if "worker" in p["metadata"]["name"]]) == 4
     assert EventReason.CREATE_REFUSED not in reasons(later)
     # accepted again: the condition turns True
-    ok = plan(job(), later.status, observed(), NOW + dt.timedelta(seconds=12))
+    ok = plan(job(), decided(later), observed(), NOW + dt.timedelta(seconds=12))
     assert condition(ok, ConditionType.CHILDREN_ACCEPTED)["status"] == "True"
 
 
 @pytest.mark.parametrize("code", [400, 422])
 def test_invalid_child_fails_the_job_fast(code: int) -> None:
-    result = plan(job(), RUNNING, observed(refusals={wn(0): refusal(code)}), NOW)
-    assert result.status["phase"] == Phase.FAILED
+    result = plan(job(), parsed(RUNNING), observed(refusals={wn(0): refusal(code)}), NOW)
+    assert written(result)["phase"] == Phase.FAILED
     cond = condition(result, ConditionType.FAILED)
     assert cond["reason"] == Reason.CHILD_REJECTED and f"HTTP {code}" in cond["message"]
     assert not result.create_pods
@@ -358,22 +370,22 @@ def test_pacing_budget(pods: list[PodView], allowed: int, capped: bool) -> None:
 
 def test_large_job_is_created_in_batches_and_says_why_it_is_short() -> None:
     big = job(minReplicas=1, maxReplicas=10000)
-    first = plan(big, {}, observed(), NOW)
+    first = plan(big, JobStatus(), observed(), NOW)
     workers = [p for p in first.create_pods if "worker" in p["metadata"]["name"]]
     assert len(workers) == 16
     pods = many(164, scheduled=100)
-    result = plan(big, {**RUNNING, "desiredReplicas": 10000}, observed(*pods), NOW)
+    result = plan(big, parsed({**RUNNING, "desiredReplicas": 10000}), observed(*pods), NOW)
     assert not [p for p in result.create_pods if "worker" in p["metadata"]["name"]]
     cond = condition(result, ConditionType.AT_DESIRED_SIZE)
     assert cond["status"] == "False" and cond["reason"] == Reason.PENDING_CAP_REACHED
     assert "64 pod(s) wait for a node" in cond["message"]
     assert EventReason.PENDING_CAP_REACHED in reasons(result)
-    same = plan(big, result.status, observed(*pods), NOW)
+    same = plan(big, decided(result), observed(*pods), NOW)
     assert EventReason.PENDING_CAP_REACHED not in reasons(same)
 
 
 def test_at_desired_size_true_when_all_run() -> None:
-    result = plan(job(), RUNNING, observed(*(worker(i) for i in range(4))), NOW)
+    result = plan(job(), parsed(RUNNING), observed(*(worker(i) for i in range(4))), NOW)
     cond = condition(result, ConditionType.AT_DESIRED_SIZE)
     assert cond["status"] == "True" and cond["reason"] == Reason.DESIRED_SIZE_RUNNING
 
@@ -382,29 +394,31 @@ def test_at_desired_size_true_when_all_run() -> None:
 
 
 def test_events_stay_pending_in_status_until_posted() -> None:
-    first = plan(job(), {}, observed(), NOW)
-    pending = first.status["pendingEvents"]
+    first = plan(job(), JobStatus(), observed(), NOW)
+    pending = written(first)["pendingEvents"]
     assert [e["reason"] for e in pending] == [e.reason.value for e in first.events]
     assert [e["id"] for e in pending] == list(range(1, len(pending) + 1))
     # the operator died before posting: the next pass still carries them
     pods = [worker(i) for i in range(4)]
-    again = plan(job(), first.status, observed(*pods), NOW)
-    assert [e["id"] for e in again.status["pendingEvents"]][: len(pending)] == [
+    again = plan(job(), decided(first), observed(*pods), NOW)
+    assert [e["id"] for e in written(again)["pendingEvents"]][: len(pending)] == [
         e["id"] for e in pending
     ]
     # posted: dropped
-    posted = frozenset(e["id"] for e in again.status["pendingEvents"])
-    clean = plan(job(), again.status, observed(*pods, posted_events=posted), NOW)
-    assert "pendingEvents" not in clean.status
-    assert clean.status["eventSeq"] == again.status["eventSeq"]
+    posted = frozenset(e["id"] for e in written(again)["pendingEvents"])
+    clean = plan(job(), decided(again), observed(*pods, posted_events=posted), NOW)
+    assert "pendingEvents" not in written(clean)
+    assert written(clean)["eventSeq"] == written(again)["eventSeq"]
 
 
 def test_pending_events_are_bounded() -> None:
-    new = [("Normal", "CreatedPod", f"m{i}") for i in range(50)]
-    pending, seq = events.carry({}, new, frozenset())
+    new = [(EventType.NORMAL, "CreatedPod", f"m{i}") for i in range(50)]
+    pending, seq = events.carry(JobStatus(), new, frozenset())
     assert seq == 50 and len(pending) == events.MAX_PENDING
-    assert pending[-1]["message"] == "m49"
-    assert events.due({"pendingEvents": pending}, frozenset(range(1, 49))) == pending[-2:]
+    assert pending[-1].message == "m49"
+    assert events.due(JobStatus(pending_events=pending), frozenset(range(1, 49))) == list(
+        pending[-2:]
+    )
 
 
 @pytest.mark.parametrize(("past_deadline", "forced"), [(31, True), (10, False)])
@@ -417,7 +431,7 @@ def test_fenced_pod_that_never_terminates_is_forced(past_deadline: float, forced
     )
     status = {**RUNNING, "lostVerdicts": [{"pod": wn(2), "round": 3, "since": ago(60)}]}
     obs = observed(worker(0), worker(1), stuck, reports={wn(0): lost_by(3, wn(2))})
-    result = plan(job(), status, obs, NOW)
+    result = plan(job(), parsed(status), obs, NOW)
     assert [(d.name, d.force) for d in result.delete_pods] == ([(wn(2), True)] if forced else [])
     assert (EventReason.FORCE_DELETED in reasons(result)) is forced
     if not forced:
@@ -426,27 +440,29 @@ def test_fenced_pod_that_never_terminates_is_forced(past_deadline: float, forced
 
 def test_store_condition_clears_only_when_most_agents_answer_clean() -> None:
     pods = [worker(0), worker(1), worker(2)]
-    down = plan(job(), RUNNING, observed(*pods, reports={wn(0): blind(), wn(1): blind()}), NOW)
-    since = down.status["storeUnreachableSince"]
+    down = plan(
+        job(), parsed(RUNNING), observed(*pods, reports={wn(0): blind(), wn(1): blind()}), NOW
+    )
+    since = written(down)["storeUnreachableSince"]
     # Only a fresh replacement answers (no error: it has not tried the store yet).
     quiet = observed(*pods, reports={wn(2): live(-1)})
-    still = plan(job(), down.status, quiet, NOW + dt.timedelta(seconds=5))
+    still = plan(job(), decided(down), quiet, NOW + dt.timedelta(seconds=5))
     assert condition(still, ConditionType.STORE_REACHABLE)["status"] == "False"
-    assert still.status["storeUnreachableSince"] == since
+    assert written(still)["storeUnreachableSince"] == since
     assert EventReason.STORE_REACHABLE not in reasons(still)
     clean = observed(*pods, reports={wn(0): live(3), wn(1): live(3)})
-    back = plan(job(), still.status, clean, NOW + dt.timedelta(seconds=6))
+    back = plan(job(), decided(still), clean, NOW + dt.timedelta(seconds=6))
     assert condition(back, ConditionType.STORE_REACHABLE)["status"] == "True"
 
 
 def test_command_that_cannot_start_fails_the_job_at_once() -> None:
     bad = worker(1, "Failed", exit_code=int(ExitCode.BAD_COMMAND), message="no such file: train.py")
-    result = plan(job(backoffLimit=6), RUNNING, observed(worker(0), bad), NOW)
-    assert result.status["phase"] == Phase.FAILED
+    result = plan(job(backoffLimit=6), parsed(RUNNING), observed(worker(0), bad), NOW)
+    assert written(result)["phase"] == Phase.FAILED
     cond = condition(result, ConditionType.FAILED)
     assert cond["reason"] == Reason.BAD_COMMAND and "no such file: train.py" in cond["message"]
-    assert result.status["lastFailure"]["reason"] == Reason.USER_ERROR
-    assert result.status["failures"] == 1
+    assert written(result)["lastFailure"]["reason"] == Reason.USER_ERROR
+    assert written(result)["failures"] == 1
     assert not [p for p in result.create_pods if "worker" in p["metadata"]["name"]]
 
 
@@ -460,23 +476,23 @@ def test_silent_member_awaited_by_a_completing_job_is_fenced_after_a_bound(
     if silent_for is not None:
         status["silentMembers"] = [{"pod": wn(1), "since": ago(silent_for)}]
     obs = observed(done(0), worker(1), reports=reports, unanswered=frozenset({wn(1)}))
-    result = plan(job(), status, obs, NOW)
-    assert result.status["phase"] == Phase.RUNNING
+    result = plan(job(), parsed(status), obs, NOW)
+    assert written(result)["phase"] == Phase.RUNNING
     assert [(d.name, d.grace_s) for d in result.delete_pods] == ([(wn(1), 5)] if fenced else [])
     assert (EventReason.FENCED_POD in reasons(result)) is fenced
-    assert result.status["silentMembers"][0]["since"] == ago(silent_for or 0)
+    assert written(result)["silentMembers"][0]["since"] == ago(silent_for or 0)
     # it answers again: forgotten
-    back = plan(job(), result.status, observed(done(0), worker(1), reports=reports), NOW)
-    assert "silentMembers" not in back.status
+    back = plan(job(), decided(result), observed(done(0), worker(1), reports=reports), NOW)
+    assert "silentMembers" not in written(back)
     # once it is gone and nothing runs, the round is incomplete
     gone = dataclasses.replace(worker(1), phase="Failed", exit_code=137, deletion=NOW)
-    end = plan(job(), result.status, observed(done(0), gone, reports=reports), NOW)
-    assert end.status["phase"] == Phase.FAILED
+    end = plan(job(), decided(result), observed(done(0), gone, reports=reports), NOW)
+    assert written(end)["phase"] == Phase.FAILED
     assert condition(end, ConditionType.FAILED)["reason"] == Reason.FINAL_ROUND_INCOMPLETE
 
 
 def test_world_size_of_a_job_that_finished_between_polls_comes_from_final_reports() -> None:
     reports = {wn(i): final(2, 3, i) for i in range(3)}
-    result = plan(job(), RUNNING, observed(done(0), done(1), done(2), reports=reports), NOW)
-    assert result.status["phase"] == Phase.SUCCEEDED
-    assert (result.status["worldSize"], result.status["rendezvousRound"]) == (3, 2)
+    result = plan(job(), parsed(RUNNING), observed(done(0), done(1), done(2), reports=reports), NOW)
+    assert written(result)["phase"] == Phase.SUCCEEDED
+    assert (written(result)["worldSize"], written(result)["rendezvousRound"]) == (3, 2)
