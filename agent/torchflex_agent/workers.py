@@ -34,7 +34,6 @@ import collections
 import contextlib
 import ctypes
 import dataclasses
-import enum
 import errno
 import os
 import shlex
@@ -52,6 +51,7 @@ from torchflex_agent import rootcause
 from torchflex_agent.errors import CommandNotRunnableError, LaunchError, SpawnFailedError
 from torchflex_agent.prewarm import ForkServer, ZygoteGoneError, python_launch
 from torchflex_agent.rdzv_logic import RendezvousResult
+from torchflex_agent.restart_policy import GroupState
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import RootCause
 
@@ -59,7 +59,7 @@ _PR_SET_PDEATHSIG = 1
 _ROLE_NAME = "default"
 # Lines of each worker's stderr kept for a traceback when it wrote no error file.
 _STDERR_TAIL_LINES = 200
-# How long a failed worker's stderr may take to reach EOF before its tail is read.
+# How long failed workers' stderr may take to reach EOF before their tails are read.
 _STDERR_DRAIN_S = 0.5
 
 
@@ -214,12 +214,6 @@ def set_pdeathsig() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-class GroupState(enum.Enum):
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
 @dataclasses.dataclass(frozen=True)
 class WorkerFailure:
     rank: int
@@ -301,6 +295,8 @@ class WorkerGroup:
         self._prefixers: list[_Prefixer] = []
         self._stderr: list[_Prefixer] = []
         """Per local rank: its stderr copier, which keeps the tail."""
+        self._failed: dict[int, WorkerFailure] = {}
+        """Per local rank, once read: an exited worker's failure does not change."""
         self.forked = 0
         """How many of this round's workers came from the fork server."""
 
@@ -363,6 +359,7 @@ class WorkerGroup:
 
     def poll(self) -> tuple[GroupState, list[WorkerFailure]]:
         """RUNNING while any worker runs and none failed; FAILED on the first failure."""
+        drain_until = time.monotonic() + _STDERR_DRAIN_S  # one wait for all, not each
         failures = []
         running = False
         for local_rank, proc in enumerate(self._procs):
@@ -370,16 +367,19 @@ class WorkerGroup:
             if code is None:
                 running = True
             elif code != 0:
-                failures.append(self._failure(local_rank, code))
+                if local_rank not in self._failed:
+                    drain = max(0.0, drain_until - time.monotonic())
+                    self._failed[local_rank] = self._failure(local_rank, code, drain)
+                failures.append(self._failed[local_rank])
         if failures:
             return GroupState.FAILED, failures
         return (GroupState.RUNNING if running else GroupState.SUCCEEDED), []
 
-    def _failure(self, local_rank: int, code: int) -> WorkerFailure:
+    def _failure(self, local_rank: int, code: int, drain: float) -> WorkerFailure:
         rank = self._result.rank_offset + local_rank
         recorded = rootcause.read_error_file(error_file(self._ctx, self._result.round, rank))
         if recorded is None and local_rank < len(self._stderr):
-            tail = self._stderr[local_rank].tail_lines(_STDERR_DRAIN_S)
+            tail = self._stderr[local_rank].tail_lines(drain)
             recorded = rootcause.parse_traceback(tail)
             if recorded is not None:  # no time of its own: when we saw the exit
                 recorded = dataclasses.replace(recorded, timestamp=time.time())
