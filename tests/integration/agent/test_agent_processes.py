@@ -35,6 +35,7 @@ from torchflex_contract.progress import AgentReport, AgentState
 
 FAILING = str(Path(__file__).with_name("failing_train.py"))
 FAIL_ONCE = str(Path(__file__).with_name("fail_once.py"))
+FAIL_IN_TURN = str(Path(__file__).with_name("fail_in_turn.py"))
 STEP = re.compile(r"^\[rank (\d+)\] step=(\d+) .*world=(\d+)")
 
 
@@ -270,6 +271,28 @@ def test_failing_script_restarts_then_user_error(job: Job) -> None:
         assert "ValueError" in report.message or "deliberate failure" in report.message
     assert any("boom-7f3a" in log.text() for log in logs)
     json.loads((job.tmp / "termination-0.log").read_text())
+
+
+@pytest.mark.timeout(150)
+def test_max_restarts_is_one_budget_for_the_whole_job(job: Job) -> None:
+    """Two nodes fail in turn (attempt 0 on one, 1 on the other, 2 on the first):
+    with --max-restarts 2 the third failure ends the job. A per-agent budget
+    would have let each node fail twice (attempts 0 to 4)."""
+    job.start_store()
+    logs = [
+        job.start_agent(
+            ["env", f"FAIL_TURN={turn}", PYTHON, FAIL_IN_TURN], "2:2", ["--max-restarts", "2"]
+        )
+        for turn in (0, 1)
+    ]
+    codes = [log.proc.wait(120) for log in logs]
+    assert codes == [ExitCode.USER_ERROR] * 2, [log.text()[-3000:] for log in logs]
+    failed_attempts = [
+        sorted(int(m.group(1)) for _, m in log.matching(r"failing restart_count=(\d+)"))
+        for log in logs
+    ]
+    assert failed_attempts == [[0, 2], [1]], [log.text()[-3000:] for log in logs]
+    assert "after 2 restarts (max 2)" in job.termination_report(0).message
 
 
 @pytest.mark.timeout(180)
