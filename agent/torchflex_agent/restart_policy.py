@@ -5,6 +5,10 @@ state, the round's stale mark, SIGTERM, store loss) and acts on the
 ``Action`` these functions return; keeping them free of I/O lets the rules
 be table-tested. The rules: membership changes never consume the restart
 budget, worker failures do (once per round, job-wide), SIGTERM always wins.
+``GroupState``, the worker group's state as observed, is defined here (the
+vocabulary of the decision) and ``workers`` reports in it, so this module
+imports nothing that spawns or signals a process (an import-linter contract
+in ``pyproject.toml`` keeps it so).
 """
 
 from __future__ import annotations
@@ -13,8 +17,15 @@ import dataclasses
 import enum
 from typing import assert_never
 
-from torchflex_agent.workers import GroupState
 from torchflex_contract.progress import RestartReason
+
+
+class GroupState(enum.Enum):
+    """A round's worker group as ``workers.WorkerGroup.poll`` observes it."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
 
 
 class Action(enum.Enum):

@@ -35,13 +35,14 @@ from torchflex_agent.rendezvous import Rendezvous
 from torchflex_agent.restart_policy import (
     Action,
     FailureVerdict,
+    GroupState,
     Observation,
     budget_exhausted,
     decide,
     judge_failure,
     root_cause,
 )
-from torchflex_agent.workers import GroupState, WorkerGroup, first_failure
+from torchflex_agent.workers import WorkerGroup, first_failure
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentState, RestartReason
 from torchflex_contract.store_keys import (

@@ -21,7 +21,8 @@ import pytest
 from tests.integration.agent.test_agent_processes import pid_alive
 from torchflex_agent.prewarm import ForkedProc, ForkServer, python_launch
 from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult
-from torchflex_agent.workers import GroupState, LaunchContext, WorkerGroup, set_pdeathsig
+from torchflex_agent.restart_policy import GroupState
+from torchflex_agent.workers import LaunchContext, WorkerGroup, set_pdeathsig
 
 SCRIPT = textwrap.dedent(
     """

@@ -7,13 +7,13 @@ import pytest
 from torchflex_agent.restart_policy import (
     Action,
     FailureVerdict,
+    GroupState,
     Observation,
     budget_exhausted,
     decide,
     judge_failure,
     root_cause,
 )
-from torchflex_agent.workers import GroupState
 from torchflex_contract.progress import RestartReason
 
 R = RestartReason
