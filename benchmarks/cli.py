@@ -144,6 +144,13 @@ class BenchCli:
         """A flag of this benchmark only (argparse's own arguments)."""
         self.parser.add_argument(*names, **kwargs)
 
+    def add_subset(self, flag: str, choices: Sequence[str]) -> None:
+        """``flag`` takes a comma-separated subset of ``choices`` (a list); default: all."""
+        self.parser.add_argument(
+            flag, type=subset(choices), default=",".join(choices),
+            help=f"comma-separated subset of {','.join(choices)} (default: all)",
+        )  # fmt: skip
+
     def parse(self, argv: Sequence[str] | None = None) -> Bench:
         given = list(argv) if argv is not None else sys.argv[1:]
         return Bench(self.name, self.parser.parse_args(given), command(self.name, given))

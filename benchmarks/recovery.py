@@ -36,12 +36,13 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from benchmarks._proc_job import TORCHRUN_CONF, Flavor, ProcJob, signal_tree
 from benchmarks._proc_logs import recovery_seconds
-from benchmarks.cli import BenchCli, subset
+from benchmarks.cli import BenchCli
 from benchmarks.report import markdown_table, summarize
 
 FLAVORS = ("torchflex", "torchrun-tuned", "torchrun-default")
@@ -148,13 +149,17 @@ def summary(trials: list[Trial]) -> dict[str, Any]:
     return out
 
 
-def markdown_freeze(trials: list[Trial], result: dict[str, Any], cap: float) -> str:
-    rows = []
+def _runs(trials: list[Trial]) -> Iterator[tuple[str, list[Trial], list[float]]]:
+    """Each launcher that ran: its trials and the recoveries they measured."""
     for flavor in FLAVORS:
         mine = [t for t in trials if t.flavor == flavor]
-        if not mine:
-            continue
-        rec = [t.recovery_s for t in mine if t.recovery_s is not None]
+        if mine:
+            yield flavor, mine, [t.recovery_s for t in mine if t.recovery_s is not None]
+
+
+def markdown_freeze(trials: list[Trial], result: dict[str, Any], cap: float) -> str:
+    rows = []
+    for flavor, mine, rec in _runs(trials):
         capped = len(mine) - len(rec)
         shown = _fmt(rec) if rec else f"> {cap:.0f} s (cap)"
         rows.append([flavor, shown, f"{capped} / {len(mine)}"])
@@ -180,11 +185,7 @@ torchrun's survivors stay in the collective until gloo's timeout (the example's
 
 def markdown(trials: list[Trial], result: dict[str, Any]) -> str:
     rows = []
-    for flavor in FLAVORS:
-        mine = [t for t in trials if t.flavor == flavor]
-        if not mine:
-            continue
-        rec = [t.recovery_s for t in mine if t.recovery_s is not None]
+    for flavor, mine, rec in _runs(trials):
         joins = [t.join_s for t in mine if t.join_s is not None]
         rows.append(
             [flavor, _fmt(rec), _fmt(joins), f"{len(mine) - len(rec)} / {len(mine) - len(joins)}"]
@@ -244,8 +245,7 @@ def trials_from_json(result: dict[str, Any]) -> list[Trial]:
 def main(argv: list[str] | None = None) -> int:
     cli = BenchCli("recovery", __doc__, quick_help="1 run each",
                    reps_help="runs per launcher (default 5, 3)")  # fmt: skip
-    cli.add_argument("--flavors", type=subset(FLAVORS), default=",".join(FLAVORS),
-                     help="comma-separated subset")  # fmt: skip
+    cli.add_subset("--flavors", FLAVORS)
     cli.add_argument("--no-join", action="store_true", help="skip the scale-up join")
     cli.add_argument("--trace", action="store_true", help="print log lines around each event")
     cli.add_argument("--fault", choices=sorted(_FAULTS), default="kill",

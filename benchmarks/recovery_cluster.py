@@ -51,7 +51,7 @@ from benchmarks._cluster_logs import (
 from benchmarks._cluster_report import FLAVORS, Trial, markdown, summary
 from benchmarks._proc_job import wait_until
 from benchmarks._proc_logs import pick_victim
-from benchmarks.cli import BenchCli, subset
+from benchmarks.cli import BenchCli
 from e2e.cluster import Cluster, ensure_up
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes
 from e2e.workload import apply_crd
@@ -244,8 +244,7 @@ def run(flavors: list[str], reps: dict[str, int], kill: str, trace: bool) -> lis
 def main(argv: list[str] | None = None) -> int:
     cli = BenchCli("recovery_cluster", __doc__, quick_help="1 run each",
                    reps_help="runs per launcher (default 3)")  # fmt: skip
-    cli.add_argument("--flavors", type=subset(FLAVORS), default=",".join(FLAVORS),
-                     help="comma-separated subset")  # fmt: skip
+    cli.add_subset("--flavors", FLAVORS)
     cli.add_argument(
         "--kill",
         choices=("sigkill", "delete"),

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from benchmarks import report
-from benchmarks.cli import BenchCli, command, subset
+from benchmarks.cli import BenchCli, command
 
 MAINS = ("rendezvous", "recovery", "preemption", "recovery_cluster", "operator_scale")
 
 
 def _cli(**kwargs: str | None) -> BenchCli:
     cli = BenchCli("demo", "a demo", quick_help="1 run", reps_help="runs (default 5)", **kwargs)
-    cli.add_argument("--cases", type=subset(("a", "b", "c")), default="a,b,c")
+    cli.add_subset("--cases", ("a", "b", "c"))
     return cli
 
 
