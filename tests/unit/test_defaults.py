@@ -5,7 +5,8 @@ and the chart's copy): the API server writes it into every new object. The
 operator's ``JobSpec.parse`` falls back to its own values for objects stored
 before a default existed, ``JobSpec``'s fields carry defaults for code that
 builds one directly, the agent defaults its flags from
-``torchflex_contract.env`` when run without the operator's environment, and
+``torchflex_contract.env`` when run without the environment the operator
+gives a worker (and that environment, for a bare job, says the same), and
 docs/api.md's annotated example names the defaults. Each test here fails when
 one of these places says something else than the schema.
 """
@@ -24,6 +25,9 @@ import yaml
 
 from e2e.cluster.layout import REPO_ROOT
 from torchflex_agent.config import parse_args
+from torchflex_contract import labels
+from torchflex_operator import builders
+from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec, Rendezvous
 
 CRDS = (REPO_ROOT / "crds" / "elasticjob.yaml", REPO_ROOT / "helm/torchflex/crds/elasticjob.yaml")
@@ -138,14 +142,31 @@ def test_dataclass_field_defaults_are_the_parse_fallbacks(cls: type) -> None:
 
 def test_the_agent_without_flags_or_env_runs_a_bare_job_as_the_operator_would() -> None:
     job = JobSpec.parse(BARE)
-    agent = parse_args(
-        ["--rdzv-id", "j", "--rdzv-endpoint", "127.0.0.1:29400", "--", "python"], env={}
-    )
-    assert agent.nproc_spec == job.nproc_per_node
-    assert agent.rdzv_backend.value == job.rendezvous.backend.value
-    assert agent.join_timeout == job.rendezvous.join_timeout_s
-    assert agent.last_call == job.rendezvous.last_call_s
-    assert agent.max_restarts == job.max_restarts
+    argv = ["--rdzv-id", "j", "--rdzv-endpoint", "127.0.0.1:29400", "--", "python"]
+    alone = parse_args(argv, env={})
+    assert alone.nproc_spec == job.nproc_per_node
+    assert alone.rdzv_backend.value == job.rendezvous.backend.value
+    assert alone.join_timeout == job.rendezvous.join_timeout_s
+    assert alone.last_call == job.rendezvous.last_call_s
+    assert alone.max_restarts == job.max_restarts
+    # The env the operator gives a bare job's worker (Kubernetes' default grace
+    # period included) sets each of these to what the agent assumes without it.
+    (trainer,) = [
+        c
+        for c in builders.worker_pod(job, 0, Settings())["spec"]["containers"]
+        if c["name"] == labels.TRAINER_CONTAINER
+    ]
+    injected = {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
+    told = parse_args(argv, env=injected)
+    for name in (
+        "nproc_spec",
+        "rdzv_backend",
+        "join_timeout",
+        "last_call",
+        "max_restarts",
+        "termination_grace",
+    ):
+        assert getattr(told, name) == getattr(alone, name), name
 
 
 def _documented_defaults() -> dict[str, Any]:
