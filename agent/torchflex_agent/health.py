@@ -25,20 +25,15 @@ from pathlib import Path
 
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import (
+    ENDING_STATES,
     HEALTH_PATH,
     TERMINATION_LOG,
     AgentReport,
-    AgentState,
     parse_status_target,
     termination_text,
 )
 
 log = logging.getLogger(__name__)
-
-ENDING: frozenset[AgentState] = frozenset(
-    {AgentState.SUCCEEDED, AgentState.FAILED, AgentState.LEAVING}
-)
-"""States after which the round will not change again: a long poll returns."""
 
 WaitFn = Callable[[int, float], AgentReport]
 """``wait(after, seconds)``: the report once its round is not ``after`` (or it is
@@ -65,7 +60,7 @@ class ReportBoard:
         """Block until the round is not ``after`` or the agent is ending, at most ``timeout``."""
         with self._cond:
             self._cond.wait_for(
-                lambda: self._report.round != after or self._report.state in ENDING,
+                lambda: self._report.round != after or self._report.state in ENDING_STATES,
                 timeout=max(0.0, timeout),
             )
             return self._report

@@ -54,6 +54,10 @@ class AgentState(enum.StrEnum):
     LEAVING = "Leaving"
 
 
+ENDING_STATES: Final = frozenset({AgentState.SUCCEEDED, AgentState.FAILED, AgentState.LEAVING})
+"""After these the agent's round does not change again: a long poll answers at once."""
+
+
 class RestartReason(enum.StrEnum):
     """Why the worker group was last restarted."""
 

@@ -75,6 +75,9 @@ class Reconciler:
         self.kube = kube
         self.settings = settings
         self.poller = poller or StatusPoller(enabled=False)
+        # Its long poll on a job's rank-0 agent wakes the job when the group
+        # re-forms: status follows a scale within a round trip, not a poll interval.
+        self.poller.on_change = self.enqueue
         self.metrics = metrics or Metrics()
         self.cache = OwnedCache()
         self.nodes = NodeCache()
@@ -106,6 +109,7 @@ class Reconciler:
     async def stop(self) -> None:
         await self.gate.stop()
         await cancel_all(self._tasks)
+        await self.poller.close()
 
     def enqueue(self, key: JobKey, delay: float = 0.0) -> None:
         self.queue.add(key, delay)
