@@ -45,6 +45,7 @@ from e2e.cluster import Cluster, ensure_up
 from e2e.cluster.layout import KWOK_TAINT_KEY
 from e2e.localproc import free_port, stop_process
 from torchflex_contract import labels
+from torchflex_operator.vocabulary import Phase
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -175,14 +176,14 @@ def run_size(
         def all_up() -> bool:
             workers = tracker.workers()
             phases = tracker.phases()
-            failed = [name for name, ph in phases.items() if ph == "Failed"]
+            failed = [name for name, ph in phases.items() if ph == Phase.FAILED]
             if failed:
                 raise RuntimeError(f"{len(failed)} job(s) Failed, e.g. {failed[0]}; see the log")
             return (
                 len(workers) >= expected
                 and all(p.running is not None for p in workers)
                 and len(phases) == jobs
-                and all(ph == "Running" for ph in phases.values())
+                and all(ph == Phase.RUNNING for ph in phases.values())
             )
 
         if not wait_until("all pods and jobs Running", all_up, cfg.timeout_s, every=1):

@@ -22,6 +22,7 @@ from e2e.cluster.layout import state_dir
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes
 from e2e.trainlog import LogFollower, progress_violations
 from e2e.workload import TrainingJob, apply, apply_crd, get_job
+from torchflex_operator.vocabulary import Phase
 
 NAMESPACE = "torchflex-demo"
 JOB = "demo"
@@ -138,7 +139,7 @@ class Demo:
                 "group re-formed straight at full size"
             )
 
-        self.wait("the job to succeed", lambda: self.phase() == "Succeeded", 600)
+        self.wait("the job to succeed", lambda: self.phase() == Phase.SUCCEEDED, 600)
         self.follower.poll()
         problems = progress_violations(self.follower.lines())
         status = get_job(self.cluster, NAMESPACE, JOB)["status"]
