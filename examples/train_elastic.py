@@ -6,8 +6,10 @@ it also runs unchanged under plain ``torchrun``. It shows what an elastic
 script needs: init from the env torchrun/torchflex set, resume from the
 latest checkpoint, checkpoint through ``torchflex_agent.checkpoint`` (atomic,
 never behind the checkpoint on disk, refused once the agent fenced this
-member off), and on SIGTERM finish the current step, save and exit 0. All
-ranks stop at the same step because the stop flag is all-reduced every step.
+member off), report each step to the agent (``torchflex_agent.progress``: the
+job's training progress), and on SIGTERM finish the current step, save and
+exit 0. All ranks stop at the same step because the stop flag is all-reduced
+every step.
 
 Prints one line per step: ``step=N loss=X world=W rank=R sps=S``; with
 ``--print-time`` (or ``TRAIN_PRINT_TIME=1``) the line ends with `` t=<unix time>``
@@ -35,6 +37,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 from torchflex_agent.checkpoint import Checkpointer
+from torchflex_agent.progress import report_step
 
 
 def parse_args() -> argparse.Namespace:
@@ -125,6 +128,7 @@ def main() -> int:
             stamp = f" t={time.time():.3f}" if args.print_time else ""
             line = f"step={done} loss={loss.item():.4f} world={world} rank={rank} sps={sps:.1f}"
             print(line + stamp, flush=True)
+            report_step(done)  # the job's status shows it (docs/agent.md); cheap every step
             stopping = flag.item() > 0
             if rank == 0 and (stopping or done % args.ckpt_every == 0 or done == args.steps):
                 save_checkpoint(ckpt, done, model, opt)
