@@ -1,7 +1,8 @@
 """Events that survive the operator dying mid-pass: they travel in the status.
 
-Where it sits: the planner calls ``carry`` at the end of a pass; the
-reconciler posts what it returns. The Events a pass decides are written into
+Where it sits: the planner calls ``settle`` at the end of a pass (typed
+``PendingEvent`` values in its ``JobStatus``); the reconciler posts what
+``due`` returns. The Events a pass decides are written into
 ``status.pendingEvents`` (each with an id from ``status.eventSeq``) by the
 same single status write that carries the decisions they describe, and only
 then posted. The reconciler remembers the ids it posted; the next pass drops
