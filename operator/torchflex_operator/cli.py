@@ -1,17 +1,21 @@
 """``torchflex-operator``: parse flags, configure logging and metrics, run kopf.
 
 Where it sits: the process entry point (console script). Builds
-``Settings``, the ``Kube`` client, the ``Reconciler`` and the kopf registry
-(``handlers.register``), then hands control to ``kopf.run``.
+``Settings``, the ``Kube`` client, the leader gate (``leader``: a Lease with
+``--lease``, always open with ``--standalone``), the ``Reconciler`` and the
+kopf registry (``handlers.register``), then hands control to ``kopf.run``
+(standalone: kopf's own peering is not used).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
-import time
+from pathlib import Path
 
+from torchflex_operator.election import Timing
 from torchflex_operator.settings import Settings
 
 LOG_FORMATS = ("plain", "json")
@@ -27,10 +31,60 @@ def priority_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or {OLDEST!r}") from None
 
 
-def peering_priority(value: int | str, now_ns: int) -> int:
-    """kopf pauses every peer when two share a priority: 'oldest' gives each replica
-    its own, higher for earlier starts (microseconds, so ties need the same microsecond)."""
-    return -(now_ns // 1000) if value == OLDEST else int(value)
+# The namespace of the pod we run in (the Lease's default namespace).
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseConfig:
+    namespace: str
+    name: str
+    timing: Timing
+
+
+def lease_config(args: argparse.Namespace, pod_namespace: str | None) -> LeaseConfig | None:
+    """The Lease to elect on (None: standalone); ``ValueError`` says what is wrong.
+
+    ``--peering NAME`` (deprecated) means ``--lease NAME``; ``--peering-lifetime``
+    (deprecated) means ``--lease-duration``. Unset timings scale with the lease
+    duration like client-go's defaults (15 s / 10 s / 2 s).
+    """
+    name = args.lease or args.peering
+    if not name:
+        return None
+    namespace = args.lease_namespace or pod_namespace
+    if namespace is None and len(args.namespace) == 1 and not set(args.namespace[0]) & set("*?[!"):
+        namespace = args.namespace[0]
+    if not namespace:
+        raise ValueError("--lease needs --lease-namespace when not running in a pod")
+    duration = args.lease_duration or args.peering_lifetime or 15
+    scaled = Timing.scaled(duration)
+    timing = Timing(
+        duration,
+        args.renew_deadline or scaled.renew_deadline_s,
+        args.retry_period or scaled.retry_period_s,
+    )
+    if problems := timing.problems():
+        raise ValueError("leader election timing: " + "; ".join(problems))
+    return LeaseConfig(namespace, name, timing)
+
+
+def deprecations(args: argparse.Namespace) -> list[str]:
+    """Warnings for the kopf-peering flags of earlier releases (still accepted)."""
+    out = []
+    if args.peering:
+        out.append(
+            f"--peering is deprecated: use --lease {args.peering}; leader election now uses "
+            "that coordination.k8s.io Lease, kopf's peering objects are not used any more"
+        )
+    if args.peering_lifetime is not None:
+        out.append("--peering-lifetime is deprecated: use --lease-duration")
+    if args.priority is not None:
+        out.append(
+            "--priority is deprecated and ignored: the first replica to take the Lease "
+            "holds it until it stops (what --priority oldest did)"
+        )
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,27 +106,46 @@ def parser() -> argparse.ArgumentParser:
     )
     ha = p.add_mutually_exclusive_group()
     ha.add_argument(
-        "--peering",
+        "--lease",
         metavar="NAME",
-        help="active/standby through this kopf peering object (ClusterKopfPeering, or a "
-        "KopfPeering per namespace with -n); only the highest-priority live replica acts",
+        help="active/standby through this coordination.k8s.io Lease: only its holder "
+        "reconciles, the other replicas stand by and take it over when it is not renewed",
     )
-    ha.add_argument("--standalone", action="store_true", help="no peering (single replica)")
-    p.add_argument(
-        "--peering-lifetime",
-        type=int,
-        default=60,
+    ha.add_argument(
+        "--standalone", action="store_true", help="no leader election (one replica; default)"
+    )
+    ha.add_argument("--peering", metavar="NAME", help="deprecated: --lease NAME")
+    election = p.add_argument_group("leader election (with --lease)")
+    election.add_argument(
+        "--lease-namespace",
+        metavar="NS",
+        help="namespace of the Lease (default: the operator pod's own namespace)",
+    )
+    election.add_argument(
+        "--lease-duration",
+        type=positive_int,
         metavar="S",
-        help="keep-alive lifetime: a killed active replica is replaced within S seconds",
+        help="a standby takes over a lease not renewed for S seconds (default 15)",
     )
-    p.add_argument(
-        "--priority",
-        type=priority_arg,
-        default=0,
-        metavar="N|oldest",
-        help="peering priority: the live peer with the highest one is active, the others "
-        "stand by; 'oldest' ranks replicas by start time, so identical replicas of one "
-        "Deployment elect the longest-running one",
+    election.add_argument(
+        "--renew-deadline",
+        type=positive_float,
+        metavar="S",
+        help="the holder stops reconciling when it could not renew for S seconds "
+        "(default 2/3 of the lease duration)",
+    )
+    election.add_argument(
+        "--retry-period",
+        type=positive_float,
+        metavar="S",
+        help="the holder renews, a standby reads, every S seconds (default 2/15 of the "
+        "lease duration)",
+    )
+    election.add_argument(
+        "--peering-lifetime", type=positive_int, metavar="S", help="deprecated: --lease-duration"
+    )
+    election.add_argument(
+        "--priority", type=priority_arg, metavar="N|oldest", help="deprecated; ignored"
     )
     p.add_argument("--log-format", choices=LOG_FORMATS, default="plain")
     p.add_argument("--verbose", action="store_true", help="debug logging")
@@ -141,14 +214,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def positive_int(text: str) -> int:
+def _positive(text: str, convert: type[float], what: str) -> float:
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return int(_positive(text, int, "a whole number >= 1"))
+
+
+def positive_float(text: str) -> float:
+    return _positive(text, float, "a number > 0")
 
 
 def label_arg(text: str) -> tuple[str, str]:
@@ -180,17 +261,18 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("metrics_port", "health_port", "workers"):
         if getattr(args, flag) < 0 or (flag == "workers" and args.workers < 1):
             p.error(f"--{flag.replace('_', '-')} out of range")
-    if args.peering_lifetime < 2:
-        p.error("--peering-lifetime out of range")
-    if args.peering and any(set(ns) & set("*?[!") for ns in args.namespace):
-        p.error("--peering needs plain namespace names (no globs)")
+    pod_namespace = POD_NAMESPACE_FILE.read_text().strip() if POD_NAMESPACE_FILE.exists() else None
+    try:
+        lease = lease_config(args, pod_namespace)
+    except ValueError as exc:
+        p.error(str(exc))
     import kopf
 
     from torchflex_operator.agent_status import StatusPoller
     from torchflex_operator.handlers import register
     from torchflex_operator.kube import Kube, load_api_client
     from torchflex_operator.metrics import Metrics
-    from torchflex_operator.peering import Gate, PeeringGate, own_identity
+    from torchflex_operator.leader import Gate, LeaseGate, own_identity
     from torchflex_operator.reconciler import Reconciler
 
     kopf.configure(
@@ -204,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     kube = Kube(load_api_client(), on_request=lambda verb: metrics.api_requests.labels(verb).inc())
-    identity = own_identity()
-    priority = peering_priority(args.priority, time.time_ns())
+    for warning in deprecations(args):
+        logging.getLogger(__name__).warning("%s", warning)
     gate: Gate = Gate()
-    if args.peering:
-        scopes = list(args.namespace) if args.namespace else None
-        gate = PeeringGate(kube, args.peering, scopes, identity, priority)
+    if lease is not None:
+        gate = LeaseGate(kube, lease.namespace, lease.name, own_identity(), lease.timing)
+    kube.may_write = lambda: gate.active  # a pass still running when the lead is lost stops
     reconciler = Reconciler(
         kube,
         settings_from(args),
@@ -218,17 +300,13 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         gate=gate,
     )
-    registry = register(
-        reconciler, watch_nodes=args.watch_nodes, peering_lifetime_s=args.peering_lifetime
-    )
+    registry = register(reconciler, watch_nodes=args.watch_nodes)
     kopf.run(
         registry=registry,
         namespaces=args.namespace,
         clusterwide=not args.namespace,
-        standalone=args.standalone or not args.peering,
-        peering_name=args.peering,
-        identity=identity,  # type: ignore[arg-type]  # kopf's NewType over str
-        priority=priority,
+        # kopf's watches run on every replica; our leader gate decides who reconciles.
+        standalone=True,
         liveness_endpoint=(
             f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
         ),

@@ -12,7 +12,7 @@ pass that changes nothing makes no API request, so the slow resync
 or takeover reads the job and its pods from the API once (the watches may
 not have delivered them yet, and a standby's cache is stale); so does
 the pass after a status write was refused as stale (409). Workers wait on
-the ``peering`` gate: a standby replica takes no key and writes nothing.
+the ``leader`` gate: a standby replica takes no key and writes nothing.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from torchflex_operator.errors import (
 from torchflex_operator.expectations import TIMEOUT as EXPECTATION_TIMEOUT
 from torchflex_operator.expectations import Expectations
 from torchflex_operator.kube import Kube
+from torchflex_operator.leader import Gate
 from torchflex_operator.metrics import Metrics
 from torchflex_operator.observed import Observed, PodView, Refusal
-from torchflex_operator.peering import Gate
 from torchflex_operator.planner import Plan, plan
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec

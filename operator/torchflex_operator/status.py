@@ -8,8 +8,9 @@ Timestamps are ``datetime`` inside and RFC 3339 strings only here
 (``timestamps``).
 
 One field is one line: the wire key is the field name in camelCase and the
-codec follows the annotation (``int``, ``str``, ``bool``, ``datetime``, an
-enum, a record dataclass, ``tuple[X, ...]`` for a list, ``X | None``), so
+codec follows the annotation (``int``, ``float``, ``str``, ``bool``,
+``datetime``, an enum, a record dataclass, ``tuple[X, ...]`` for a list,
+``X | None``; any other annotation is a ``TypeError`` on first use), so
 adding a status field means adding its line below (and its property in the
 CRD schema; a unit test ties the two together). ``None`` means the key is
 absent, except in a field marked ``NULLABLE`` (written as ``null``, as the
@@ -27,7 +28,7 @@ import enum
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from torchflex_operator.timestamps import format_time, parse_time
 from torchflex_operator.vocabulary import ConditionType, EventType, Phase
@@ -40,7 +41,7 @@ class _BadValueError(Exception):
     """A raw value that does not fit its field (read as missing)."""
 
 
-_R = TypeVar("_R", bound="_Record")
+_R = TypeVar("_R", bound="Record")
 
 
 def _wire_key(name: str) -> str:
@@ -49,8 +50,17 @@ def _wire_key(name: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Record:
-    """Base of the status records: their wire form."""
+class Record:
+    """Base of ``JobStatus`` and its sub-values (frozen dataclasses): their wire form."""
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> Self:
+        """Tolerant (see the module docstring); ``ValueError`` only when a field
+        without a default is missing or bad (``JobStatus`` has none: it never raises)."""
+        try:
+            return _decode_record(cls, raw)
+        except _BadValueError as exc:
+            raise ValueError(f"not a {cls.__name__}: {raw!r}"[:300]) from exc
 
     def to_manifest(self) -> dict[str, Any]:
         """The wire form (JSON-ready dict; plain ``str``, not enums)."""
@@ -64,10 +74,10 @@ class _Record:
 
 
 _Layout = tuple[tuple[str, str, Any, bool], ...]
-_LAYOUTS: dict[type[_Record], _Layout] = {}
+_LAYOUTS: dict[type[Record], _Layout] = {}
 
 
-def _layout(cls: type[_Record]) -> _Layout:
+def _layout(cls: type[Record]) -> _Layout:
     """(attribute, wire key, annotation, nullable) of each field of a record."""
     layout = _LAYOUTS.get(cls)
     if layout is None:
@@ -76,8 +86,23 @@ def _layout(cls: type[_Record]) -> _Layout:
             (f.name, _wire_key(f.name), hints[f.name], bool(f.metadata.get("nullable")))
             for f in dataclasses.fields(cls)
         )
+        for name, _, hint, _ in layout:
+            if not _supported(hint):  # loud, not a field that silently never parses
+                raise TypeError(f"{cls.__name__}.{name}: no status codec for {hint!r}")
         _LAYOUTS[cls] = layout
     return layout
+
+
+_SCALARS = (bool, int, float, str, dt.datetime)
+
+
+def _supported(hint: Any) -> bool:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return all(a is type(None) or _supported(a) for a in args)
+    if typing.get_origin(hint) is tuple:
+        return len(args) == 2 and args[1] is Ellipsis and _supported(args[0])
+    return hint in _SCALARS or (isinstance(hint, type) and issubclass(hint, enum.Enum | Record))
 
 
 def _decode_record(cls: type[_R], raw: object) -> _R:
@@ -125,13 +150,13 @@ def _decode(hint: Any, raw: object) -> Any:
             return hint(raw)
         except ValueError as exc:
             raise _BadValueError(hint) from exc
-    if isinstance(hint, type) and issubclass(hint, _Record):
+    if isinstance(hint, type) and issubclass(hint, Record):
         return _decode_record(hint, raw)
-    if hint is bool and isinstance(raw, bool):
-        return raw
-    if hint is int and isinstance(raw, int) and not isinstance(raw, bool):
-        return raw
-    if hint is str and isinstance(raw, str):
+    if isinstance(raw, bool) != (hint is bool):  # JSON true is no number (Python's bool is)
+        raise _BadValueError(hint)
+    if hint is float and isinstance(raw, int):
+        return float(raw)
+    if hint in _SCALARS and isinstance(raw, hint):
         return raw
     raise _BadValueError(hint)
 
@@ -141,7 +166,7 @@ def _encode(value: object) -> Any:
         return value.value
     if isinstance(value, dt.datetime):
         return format_time(value)
-    if isinstance(value, _Record):
+    if isinstance(value, Record):
         return value.to_manifest()
     if isinstance(value, tuple):
         return [_encode(v) for v in value]
@@ -160,7 +185,7 @@ class ConditionStatus(enum.StrEnum):
 
 
 @dataclasses.dataclass(frozen=True)
-class Condition(_Record):
+class Condition(Record):
     # ``type`` stays a string: a condition an operator of another version set is kept.
     type: str
     status: ConditionStatus
@@ -173,7 +198,7 @@ class Condition(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class LastFailure(_Record):
+class LastFailure(Record):
     """The latest worker pod that ended unsuccessfully (``status.lastFailure``)."""
 
     pod: str = ""
@@ -186,7 +211,7 @@ class LastFailure(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class LostVerdict(_Record):
+class LostVerdict(Record):
     """A pod some agent's report names lost, and when the operator first saw it."""
 
     pod: str
@@ -195,7 +220,7 @@ class LostVerdict(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class SilentMember(_Record):
+class SilentMember(Record):
     """An awaited pod of a completing job whose agent does not answer, and since when."""
 
     pod: str
@@ -203,7 +228,7 @@ class SilentMember(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class PendingEvent(_Record):
+class PendingEvent(Record):
     """An Event decided and written with the status, not posted yet (``events``)."""
 
     id: int
@@ -214,7 +239,7 @@ class PendingEvent(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
-class JobStatus(_Record):
+class JobStatus(Record):
     """``ElasticJob.status``; docs/api.md and the CRD schema describe each field."""
 
     phase: Phase | None = None
@@ -246,20 +271,12 @@ class JobStatus(_Record):
     event_seq: int | None = None
     pending_events: tuple[PendingEvent, ...] | None = None
 
-    @classmethod
-    def parse(cls, raw: Mapping[str, Any]) -> JobStatus:
-        """Tolerant (see the module docstring): never raises."""
-        try:
-            return _decode_record(cls, raw)
-        except _BadValueError:
-            return cls()
-
     def to_patch(self, old: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch turning the written ``old`` into this status; ``{}``: unchanged."""
         return merge_patch(old, self.to_manifest())
 
 
-def wire_keys(cls: type[_Record]) -> tuple[str, ...]:
+def wire_keys(cls: type[Record]) -> tuple[str, ...]:
     """The keys a record may write (the CRD schema must declare each)."""
     return tuple(key for _, key, _, _ in _layout(cls))
 

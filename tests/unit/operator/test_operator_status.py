@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import pathlib
 from typing import Any
@@ -17,6 +18,7 @@ from torchflex_operator.status import (
     LastFailure,
     LostVerdict,
     PendingEvent,
+    Record,
     SilentMember,
     merge_patch,
     wire_keys,
@@ -217,6 +219,45 @@ def test_parse_and_write(raw: dict[str, Any], typed: JobStatus, written: dict[st
     assert JobStatus.parse(raw) == typed
     assert typed.to_manifest() == written
     assert JobStatus.parse(written) == typed
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sample(Record):
+    """A record with the scalar codecs ``JobStatus`` does not use yet."""
+
+    rate: float | None = None
+    ok: bool | None = None
+
+
+@pytest.mark.parametrize(
+    ("raw", "typed"),
+    [
+        ({"rate": 2, "ok": True}, _Sample(2.0, True)),
+        ({"rate": 0.5, "ok": False}, _Sample(0.5, False)),
+        ({"rate": True, "ok": 1}, _Sample()),  # JSON true is no number, 1 no boolean
+        ({"rate": "2"}, _Sample()),
+    ],
+)
+def test_scalar_codecs(raw: dict[str, Any], typed: _Sample) -> None:
+    assert _Sample.parse(raw) == typed
+    assert _Sample.parse(typed.to_manifest()) == typed
+
+
+def test_a_record_missing_a_required_field_is_refused() -> None:
+    assert SilentMember.parse({"pod": "p", "since": "2025-01-01T12:00:00Z"}) == SilentMember(
+        "p", NOW
+    )
+    with pytest.raises(ValueError, match="not a SilentMember"):
+        SilentMember.parse({"pod": "p", "since": "never"})
+
+
+def test_a_field_without_a_codec_fails_loudly() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Odd(Record):
+        when: dt.date | None = None
+
+    with pytest.raises(TypeError, match=r"Odd\.when: no status codec"):
+        wire_keys(Odd)
 
 
 def test_enum_values_are_written_as_plain_strings() -> None:
