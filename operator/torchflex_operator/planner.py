@@ -116,6 +116,7 @@ class _Pass:
         """``now`` as the status records it: whole seconds, like the string it becomes."""
         self.settings = settings
         self.plan = Plan()
+        # A planned status always carries its conditions list, empty or not.
         self.s = replace(prior, conditions=prior.conditions or ())
         self.prior_phase = prior.phase
         self.workers = observed.workers()
