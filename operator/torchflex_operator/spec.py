@@ -87,7 +87,9 @@ class JobSpec:
             replicas = spec.get("replicas")
             rdzv_raw = spec.get("rendezvous") or {}
             backend = rdzv_raw.get("backend", DEFAULT_BACKEND)
-            if backend not in SPEC_BACKENDS:  # "memory" is the agent's tests' own
+            # The contract also names "memory", the agent's in-process test store:
+            # no job may ask for it. (The message is the one the old enum gave.)
+            if backend not in SPEC_BACKENDS:
                 raise ValueError(f"{backend!r} is not a valid Backend")
             rdzv = Rendezvous(
                 backend=RendezvousBackend(backend),
