@@ -11,7 +11,6 @@ resourceVersion they were planned from (409 = re-read and re-plan).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -19,7 +18,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from torchflex_contract import labels
@@ -27,6 +26,7 @@ from torchflex_operator.errors import (
     AccessDeniedError,
     ConflictError,
     PermanentError,
+    NotLeaderError,
     RefusedError,
     RetryableError,
 )
@@ -36,9 +36,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 COMPONENT = "torchflex-operator"
 _TIMEOUT_S = 15
-_WATCH_S = 300
-PEERING_GROUP = "kopf.dev"
-PEERING_VERSION = "v1"
+_WRITE_VERBS = frozenset(("create", "patch", "delete", "post", "update"))
 # The authorizer's refusal reads 'User "system:serviceaccount:ns:sa" cannot get resource ...';
 # admission refusals (Pod Security) and a terminating namespace are 403s without it.
 _RBAC_DENIAL = re.compile(r'(User|Group) "[^"]*" cannot ')
@@ -96,12 +94,19 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.networking = client.NetworkingV1Api(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
         self.on_request = on_request
         """Called with the verb of every request made here (metrics)."""
+        self.may_write: Callable[[], bool] | None = None
+        """Asked before every write but the Lease's: False refuses it here (``NotLeaderError``),
+        so a pass still running when this replica stops leading sends nothing more."""
 
-    async def _call(self, what: str, fn: Callable[[], T]) -> T:
+    async def _call(self, what: str, fn: Callable[[], T], *, fenced: bool = True) -> T:
+        verb = what.split(" ", 1)[0]
+        if fenced and verb in _WRITE_VERBS and self.may_write is not None and not self.may_write():
+            raise NotLeaderError(f"{what}: not sent, this replica is not the leader")
         if self.on_request is not None:
-            self.on_request(what.split(" ", 1)[0])
+            self.on_request(verb)
         try:
             return await asyncio.to_thread(fn)
         except ApiException as exc:
@@ -294,65 +299,57 @@ class Kube:
             ),
         )
 
-    # -- kopf's peering objects (read only: kopf itself writes the keep-alives) ------
+    # -- the leader-election Lease (election/leader decide; never fenced) --------------
 
-    async def watch_peering(
-        self, namespace: str | None, name: str, seen: Callable[[Mapping[str, Any] | None], None]
-    ) -> None:
-        """List the peering object, then watch it until the server ends the watch."""
-        if namespace is None:
-            plural = "clusterkopfpeerings"
-            lister: Callable[..., Any] = self.custom.list_cluster_custom_object
-            args: tuple[str, ...] = (PEERING_GROUP, PEERING_VERSION, plural)
-        else:
-            plural = "kopfpeerings"
-            lister = self.custom.list_namespaced_custom_object
-            args = (PEERING_GROUP, PEERING_VERSION, namespace, plural)
-        selector = f"metadata.name={name}"
-        listing: Any = await self._call(
-            f"list {plural} {namespace or ''}/{name}",
-            lambda: lister(*args, field_selector=selector, _request_timeout=_TIMEOUT_S),
-        )
-        items = listing.get("items") or []
-        seen(items[0] if items else None)
-        rv = (listing.get("metadata") or {}).get("resourceVersion")
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[dict[str, Any] | BaseException | None] = asyncio.Queue()
-        watcher = watch.Watch()
-
-        def put(item: dict[str, Any] | BaseException | None) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is gone: we are exiting
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        def pump() -> None:
-            try:
-                for event in watcher.stream(
-                    lister,
-                    *args,
-                    field_selector=selector,
-                    resource_version=rv,
-                    timeout_seconds=_WATCH_S,
-                    _request_timeout=_WATCH_S + 30,
-                ):
-                    put(event)
-            except BaseException as exc:  # handed to the event loop, raised there
-                put(exc)
-            finally:
-                put(None)
-
-        if self.on_request is not None:
-            self.on_request("watch")
-        pumping = asyncio.create_task(asyncio.to_thread(pump), name=f"watch {plural}")
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Lease as a dict, or None when it does not exist."""
         try:
-            while (item := await queue.get()) is not None:
-                if isinstance(item, ApiException):
-                    if item.status == 410:
-                        return  # too old: list again
-                    raise _typed(item, f"watch {plural} {name}") from item
-                if isinstance(item, BaseException):
-                    raise RetryableError(f"watch {plural} {name}: {item}") from item
-                obj = item.get("raw_object") or item.get("object")
-                seen(None if item.get("type") == "DELETED" else obj)
-        finally:
-            watcher.stop()  # closes the connection; the thread returns
-            pumping.cancel()
+            obj = await self._call(
+                f"get lease {namespace}/{name}",
+                lambda: self.coordination.read_namespaced_lease(
+                    name, namespace, _request_timeout=_TIMEOUT_S
+                ),
+            )
+        except PermanentError as exc:
+            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+                return None
+            raise
+        return self._dict(obj)
+
+    async def create_lease(
+        self, namespace: str, name: str, spec: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Create the Lease; ``ConflictError`` when another replica created it first."""
+        body: Any = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": dict(spec),
+        }
+        obj = await self._call(
+            f"create lease {namespace}/{name}",
+            lambda: self.coordination.create_namespaced_lease(
+                namespace, body, _request_timeout=_TIMEOUT_S
+            ),
+            fenced=False,
+        )
+        return self._dict(obj)
+
+    async def replace_lease(
+        self, namespace: str, name: str, resource_version: str, spec: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Write the spec if the Lease is still at ``resource_version``, else ``ConflictError``."""
+        body: Any = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+            "spec": dict(spec),
+        }
+        obj = await self._call(
+            f"update lease {namespace}/{name}",
+            lambda: self.coordination.replace_namespaced_lease(
+                name, namespace, body, _request_timeout=_TIMEOUT_S
+            ),
+            fenced=False,
+        )
+        return self._dict(obj)

@@ -112,6 +112,37 @@ def test_docs_name_every_phase_and_reason() -> None:
         assert not missing, f"docs/api.md does not name {words.__name__} {missing}"
 
 
+def _doc_table(doc: str, heading: str) -> list[list[str]]:
+    """The cells of the first table after ``heading`` in docs/``doc``, header rows left out."""
+    lines = (REPO_ROOT / "docs" / doc).read_text().split(heading, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows: list[list[str]] = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
+    return rows[2:]
+
+
+# How docs/agent.md's exit-code table words what the operator does with a code.
+_TREATMENT = {
+    "job may complete": exit_codes.Disposition.SUCCEEDED,
+    "permanent": exit_codes.Disposition.PERMANENT,
+    "retryable, counted": exit_codes.Disposition.RETRYABLE_COUNTED,
+    "retryable, free": exit_codes.Disposition.RETRYABLE_FREE,
+    "not a failure": exit_codes.Disposition.RETRYABLE_FREE,
+}
+
+
+def test_docs_exit_code_table_is_the_contracts() -> None:
+    rows = _doc_table("agent.md", "## Exit codes")
+    named = {(int(r[0]), r[1]) for r in rows if r[0].isdigit() and r[1].isupper()}
+    assert named == {(c.value, c.name) for c in exit_codes.ExitCode}
+    for row in rows:
+        if row[0].isdigit():
+            assert _TREATMENT[row[3]] is exit_codes.disposition(int(row[0])), row
+
+
 def test_every_word_is_used_by_product_code() -> None:
     """A word no code uses is a promise nothing keeps (an Event never posted,
     an annotation never written): remove it, or make the code use it."""
