@@ -271,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     from torchflex_operator.agent_status import StatusPoller
     from torchflex_operator.handlers import register
     from torchflex_operator.kube import Kube, load_api_client
-    from torchflex_operator.metrics import Metrics
     from torchflex_operator.leader import Gate, LeaseGate, own_identity
+    from torchflex_operator.metrics import Metrics
     from torchflex_operator.reconciler import Reconciler
 
     kopf.configure(

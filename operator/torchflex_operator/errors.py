@@ -24,6 +24,14 @@ class ConflictError(RetryableError):
     """The object changed under us (409 on update): re-read and re-plan."""
 
 
+class NotLeaderError(RetryableError):
+    """A write refused before it was sent: this replica does not lead (any more).
+
+    The reconciler retries the pass like any transient failure; its workers then
+    wait on the leader gate, so the retry runs only if this replica leads again.
+    """
+
+
 class PermanentError(OperatorError):
     """Retrying the same request cannot succeed (403, 422, bad spec)."""
 

@@ -6,6 +6,9 @@ module globals, so a test can run the operator twice in one process).
 Every handler is an ``on.event`` handler that only records state and
 enqueues the owning job: no field-triggered logic, no finalizers, no kopf
 annotations on our objects; all decisions happen in one reconcile per job.
+kopf runs standalone on every replica (no kopf peering): these handlers write
+nothing to the API, so on a standby they only keep the caches warm, and the
+reconcile workers wait on the ``leader`` gate.
 """
 
 from __future__ import annotations
@@ -41,9 +44,7 @@ def in_cluster_server(info: kopf.ConnectionInfo, environ: Mapping[str, str]) -> 
     return dataclasses.replace(info, server=f"https://{host}:{port}")
 
 
-def register(
-    reconciler: Reconciler, *, watch_nodes: bool = True, peering_lifetime_s: int = 60
-) -> kopf.OperatorRegistry:
+def register(reconciler: Reconciler, *, watch_nodes: bool = True) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -62,9 +63,6 @@ def register(
         settings.posting.enabled = False
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
-        # Set before kopf's peering keep-alives start (they wait for startup):
-        # a killed active replica is replaced within this many seconds.
-        settings.peering.lifetime = peering_lifetime_s
         reconciler.start()
 
     @kopf.on.cleanup(registry=registry)

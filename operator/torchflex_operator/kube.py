@@ -25,8 +25,8 @@ from torchflex_contract import labels
 from torchflex_operator.errors import (
     AccessDeniedError,
     ConflictError,
-    PermanentError,
     NotLeaderError,
+    PermanentError,
     RefusedError,
     RetryableError,
 )

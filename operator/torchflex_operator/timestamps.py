@@ -2,8 +2,8 @@
 
 Where it sits: at the edges of the pure layer. ``status`` parses and writes
 the job's status times with these, ``observed`` reads pods' creation and
-deletion times, ``peering`` reads kopf's ``lastseen`` and ``kube`` stamps
-Events; everything in between compares ``datetime`` values, never strings.
+deletion times, ``election`` reads and writes a Lease's times and ``kube``
+stamps Events; everything in between compares ``datetime`` values, never strings.
 """
 
 from __future__ import annotations
@@ -25,3 +25,8 @@ def parse_time(value: object) -> dt.datetime | None:
 def format_time(value: dt.datetime) -> str:
     """The API's form: UTC, whole seconds, ``Z`` (``metav1.Time``)."""
     return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def format_micro_time(value: dt.datetime) -> str:
+    """``metav1.MicroTime`` (a Lease's acquire/renew times): UTC, microseconds, ``Z``."""
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

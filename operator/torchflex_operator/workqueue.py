@@ -4,7 +4,7 @@ Where it sits: handlers ``add`` job keys on every relevant watch event; the
 reconciler's workers ``get`` them. Like client-go's rate-limited queue: a key
 added while it is being processed is run again after ``done``; a delayed add
 never postpones an earlier one. ``cancel_all`` stops the background tasks of
-the reconciler and of peering alike.
+the reconciler and of leader election alike.
 """
 
 from __future__ import annotations

@@ -66,19 +66,32 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* "true" when kopf peering (active/standby) is on. */}}
-{{- define "torchflex.peering" -}}
-{{- $p := .Values.peering.enabled }}
-{{- if eq (toString $p) "auto" }}
+{{/* The deprecated `peering` values of earlier charts (kopf peering), or an empty dict. */}}
+{{- define "torchflex.oldPeering" -}}
+{{- toJson (.Values.peering | default dict) }}
+{{- end }}
+
+{{/*
+"true" when leader election on a Lease (active/standby) is on. A `peering.enabled` set by
+an earlier release's values still decides when leaderElection.enabled is left at "auto".
+*/}}
+{{- define "torchflex.leaderElection" -}}
+{{- $on := .Values.leaderElection.enabled }}
+{{- $old := include "torchflex.oldPeering" . | fromJson }}
+{{- if and (eq (toString $on) "auto") (hasKey $old "enabled") }}
+{{- $on = $old.enabled }}
+{{- end }}
+{{- if eq (toString $on) "auto" }}
 {{- if gt (int .Values.replicaCount) 1 }}true{{ else }}false{{ end }}
 {{- else }}
-{{- toString $p }}
+{{- toString $on }}
 {{- end }}
 {{- end }}
 
-{{/* A ClusterKopfPeering is cluster-scoped: its default name carries the namespace too. */}}
-{{- define "torchflex.peeringName" -}}
-{{- default (include "torchflex.clusterName" .) .Values.peering.name }}
+{{/* The Lease lives in the release namespace: the release's full name is unique there. */}}
+{{- define "torchflex.leaseName" -}}
+{{- $old := include "torchflex.oldPeering" . | fromJson }}
+{{- .Values.leaderElection.leaseName | default $old.name | default (include "torchflex.fullname" .) }}
 {{- end }}
 
 {{- define "torchflex.namespaced" -}}
@@ -109,8 +122,19 @@ Cross-field rules the JSON schema cannot say clearly; each fails with the fix.
 {{- if and (eq .Values.watch.mode "cluster") .Values.watch.namespaces }}
 {{- fail "watch.namespaces: must be empty when watch.mode is \"cluster\" (set watch.mode=namespaced to restrict the operator)" }}
 {{- end }}
-{{- if and (eq (toString .Values.peering.enabled) "false") (gt (int .Values.replicaCount) 1) }}
-{{- fail "replicaCount > 1 needs peering (peering.enabled: auto or true): without it every replica would reconcile the same jobs" }}
+{{- if and (eq (include "torchflex.leaderElection" .) "false") (gt (int .Values.replicaCount) 1) }}
+{{- fail "replicaCount > 1 needs leader election (leaderElection.enabled: auto or true): without it every replica would reconcile the same jobs" }}
+{{- end }}
+{{- with .Values.leaderElection }}
+{{- if ge (float64 .renewDeadlineSeconds) (float64 .leaseDurationSeconds) }}
+{{- fail "leaderElection.renewDeadlineSeconds must be shorter than leaseDurationSeconds: a holder that cannot renew must stop before a standby may take over" }}
+{{- end }}
+{{- if le (float64 .renewDeadlineSeconds) (mulf 1.2 .retryPeriodSeconds) }}
+{{- fail "leaderElection.renewDeadlineSeconds must exceed 1.2 x retryPeriodSeconds (room for a jittered retry)" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) }}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.enabled: the ServiceMonitor scrapes the metrics Service" }}
 {{- end }}
 {{- if and .Values.podDisruptionBudget.enabled (le (int .Values.replicaCount) (int .Values.podDisruptionBudget.minAvailable)) }}
 {{- fail "podDisruptionBudget.minAvailable must be lower than replicaCount, or no node could ever be drained" }}
@@ -153,15 +177,21 @@ watches for handlers.py.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-{{- if and (eq .Values.watch.mode "namespaced") (eq (include "torchflex.peering" .) "true") }}
-# kopf peering in namespaced mode: keep-alives in this namespace's KopfPeering.
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  verbs: [list, watch, patch]
-{{- end }}
 {{- end }}
 
-{{/* Cluster-scoped reads kopf needs in both modes (and the cluster peering). */}}
+{{/* Leader election: the one Lease in the release namespace (templates/rbac.yaml). */}}
+{{- define "torchflex.leaseRules" -}}
+# Create cannot be limited to a name (the name is in the body); everything else is.
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [{{ include "torchflex.leaseName" . }}]
+  verbs: [get, update]
+{{- end }}
+
+{{/* Cluster-scoped reads kopf needs in both modes. */}}
 {{- define "torchflex.clusterRules" -}}
 # kopf watches CRDs to notice the ElasticJob CRD being (re)installed.
 - apiGroups: [apiextensions.k8s.io]
@@ -178,11 +208,5 @@ watches for handlers.py.
 - apiGroups: [""]
   resources: [nodes]
   verbs: [list, watch]
-{{- end }}
-{{- if and (eq .Values.watch.mode "cluster") (eq (include "torchflex.peering" .) "true") }}
-# kopf peering in cluster mode: keep-alives in the ClusterKopfPeering.
-- apiGroups: [kopf.dev]
-  resources: [clusterkopfpeerings]
-  verbs: [list, watch, patch]
 {{- end }}
 {{- end }}

@@ -23,6 +23,7 @@ import yaml
 from e2e.cluster import Cluster
 from tests.support import wait_for
 from torchflex_contract import env, labels
+from torchflex_operator.leader import LEASE_NOT_RELEASED
 from torchflex_operator.reconciler import RIGHTS_WITHDRAWN
 
 REPO = Path(__file__).resolve().parents[3]
@@ -37,10 +38,9 @@ STOPPING = "Operator is stopping"
 _NS_REF = re.compile(r"(?<=\s)([a-z0-9][-a-z0-9]{0,62})/[a-z0-9]")
 # Namespaced kinds a release may create, and cluster-scoped ones.
 NAMESPACED_KINDS = (
-    "deployments,replicasets,pods,services,serviceaccounts,"
-    "roles,rolebindings,poddisruptionbudgets,kopfpeerings"
+    "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets"
 )
-CLUSTER_KINDS = "clusterroles,clusterrolebindings,clusterkopfpeerings"
+CLUSTER_KINDS = "clusterroles,clusterrolebindings"
 
 
 def _warning_or_plain(line: str) -> bool:
@@ -172,7 +172,7 @@ class Release:
 
     def withdrawn_window(self) -> tuple[list[str], list[str]]:
         """After ``mark``: (the operator's rights-withdrawn warnings, every other line of a
-        denied call that is not kopf's last peering keep-alive after it began stopping)."""
+        denied call that is not the stopping leader's refused release of its Lease)."""
         warnings: list[str] = []
         other: list[str] = []
         for f in self.log_files():
@@ -183,7 +183,7 @@ class Release:
                 stopping = stopping or STOPPING in line
                 if RIGHTS_WITHDRAWN in line:
                     (warnings if _warning_or_plain(line) else other).append(line)
-                elif FORBIDDEN.search(line) and not (stopping and "kopfpeerings" in line):
+                elif FORBIDDEN.search(line) and not (stopping and LEASE_NOT_RELEASED in line):
                     other.append(line)
         return warnings, other
 
@@ -209,6 +209,13 @@ class Release:
             )
             names += out.stdout.split()
         return names
+
+    def lease(self) -> dict[str, Any]:
+        """The spec of the release's leader-election Lease; {} while there is none."""
+        out = self.cluster.kubectl(
+            "get", "lease", self.fullname, "-n", self.namespace, "-o", "json", check=False
+        )
+        return dict(json.loads(out.stdout).get("spec") or {}) if out.returncode == 0 else {}
 
     def can_i(self, verb: str, resource: str, namespace: str, account: str | None = None) -> bool:
         """``resource`` may name a subresource as ``plural.group/sub``."""

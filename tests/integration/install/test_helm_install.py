@@ -9,6 +9,7 @@ asked. Each job is one worker pod that really runs on the process node.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
@@ -28,11 +29,22 @@ from tests.support import wait_for
 def assert_quiet_uninstall(release: Release) -> None:
     """No RBAC refusal in the working life; in the window where helm has removed the RBAC
     but the operator still runs, at most the one rights-withdrawn warning per operator pod
-    (never an error), besides kopf's own last peering keep-alive."""
+    (never an error), besides the stopping leader's refused release of its Lease."""
     assert release.forbidden_lines() == []
     warnings, other = release.withdrawn_window()
     assert other == [], other
     assert len(warnings) <= len(release.log_files()), warnings
+
+
+def assert_example_namespace_has_the_worker_account(
+    release: Release, notes: str, namespace: str
+) -> None:
+    """NOTES names the namespace to apply the example in, and the chart put the training
+    pods' ServiceAccount there."""
+    (applied,) = re.findall(r"kubectl apply -n (\S+) -f examples/elasticjob-c10d.yaml", notes)
+    assert applied == namespace
+    account = release.cluster.kubectl("get", "sa", "torchflex-worker", "-n", applied, check=False)
+    assert account.returncode == 0, account.stderr
 
 
 def test_clusterwide_install_runs_jobs_upgrades_and_uninstalls_cleanly(
@@ -40,6 +52,7 @@ def test_clusterwide_install_runs_jobs_upgrades_and_uninstalls_cleanly(
 ) -> None:
     notes = release.install({"operator": TEST_OPERATOR})
     assert "kubectl get ej" in notes
+    assert_example_namespace_has_the_worker_account(release, notes, release.namespace)
     (first,) = release.wait_running(1)
     jobs = make_namespace()
 
@@ -97,12 +110,13 @@ def test_namespaced_install_never_touches_other_namespaces(
     cluster: Cluster, release: Release, make_namespace: Callable[[], str]
 ) -> None:
     watched, other = make_namespace(), make_namespace()
-    release.install(
+    notes = release.install(
         {
             "watch": {"mode": "namespaced", "namespaces": [watched]},
             "operator": {**TEST_OPERATOR, "watchNodes": False},
         }
     )
+    assert_example_namespace_has_the_worker_account(release, notes, watched)
     release.wait_running(1)
     apply_job(cluster, other, hello_job(cluster, "ignored"))
     apply_job(cluster, watched, hello_job(cluster, "served"))
@@ -127,28 +141,32 @@ def test_namespaced_install_never_touches_other_namespaces(
 def test_two_replicas_run_active_standby_and_fail_over(
     cluster: Cluster, release: Release, make_namespace: Callable[[], str]
 ) -> None:
-    release.install({"replicaCount": 2, "operator": {**TEST_OPERATOR, "watchNodes": False}})
+    notes = release.install({"replicaCount": 2, "operator": {**TEST_OPERATOR, "watchNodes": False}})
+    assert f"kubectl get lease -n {release.namespace} {release.fullname}" in notes
     pods = release.wait_running(2)
     jobs = make_namespace()
-    peering = release.fullname + "-" + release.namespace
-
-    def peers() -> dict[str, int]:
-        obj = cluster.get_json("clusterkopfpeering", peering)
-        return {k: int(v["priority"]) for k, v in (obj.get("status") or {}).items()}
-
     names = {p["metadata"]["name"] for p in pods}
-    wait_for(lambda: set(peers()) == names, 30, "both replicas in the peering object")
-    active = max(peers().items(), key=lambda kv: kv[1])[0]
+    wait_for(lambda: release.lease().get("holderIdentity") in names, 30, "a replica leading")
+    active = release.lease()["holderIdentity"]
+    transitions = release.lease()["leaseTransitions"]
+    (standby,) = [p for p in pods if p["metadata"]["name"] != active]
+    held = f"Lease {release.namespace}/{release.fullname} is held by {active}"
+    wait_for(lambda: held in release.log(standby), 30, "the standby seeing the leader")
     apply_job(cluster, jobs, hello_job(cluster, "first"))
     wait_succeeded(cluster, jobs, "first")
+    assert "operator is now active" not in release.log(standby)
 
-    # Kill the active replica: the standby takes over and serves the next job.
+    # Kill the active replica: it releases the Lease as it stops, another replica (the
+    # standby, or the Deployment's replacement if it reads first) takes it and serves.
     cluster.kubectl("delete", "pod", active, "-n", release.namespace, "--wait=true")
-    wait_for(lambda: active not in peers(), 30, "the deleted replica gone from the peering")
+    wait_for(lambda: release.lease().get("holderIdentity") not in ("", None, active), 30,
+             "another replica holding the Lease")  # fmt: skip
+    lease = release.lease()
+    assert lease["leaseTransitions"] == transitions + 1
+    (leader,) = [p for p in release.pods() if p["metadata"]["name"] == lease["holderIdentity"]]
     apply_job(cluster, jobs, hello_job(cluster, "second"))
     wait_succeeded(cluster, jobs, "second")
-    (standby,) = [p for p in pods if p["metadata"]["name"] != active]
-    assert "Resuming operations" in release.log(standby)
+    assert "operator is now active: holds Lease" in release.log(leader)
     assert release.forbidden_lines() == []
 
     release.uninstall()

@@ -1,5 +1,5 @@
-"""Two real operator processes with kopf peering: one acts, the other stands by
-passively, and takes over when the active one is SIGKILLed.
+"""Two real operator processes electing a leader on a Lease: one acts, the other
+stands by passively (no write), and takes over when the active one is SIGKILLed.
 
 The processes are ``torchflex-operator`` itself (console script, flags,
 kubeconfig), each with its own metrics endpoint on loopback, which is how
@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ from tests.support import wait_for
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[3]
 OPERATOR = REPO / ".venv" / "bin" / "torchflex-operator"
-PEERING_CRDS = REPO / "helm" / "torchflex" / "crds" / "kopf-peerings.yaml"
-LIFETIME_S = 6
+LEASE = "torchflex"
+LEASE_S = 6
 WRITES = ("create", "patch", "delete", "post")
 
 
@@ -41,9 +42,9 @@ class Replica:
         argv = [
             str(OPERATOR),
             "--namespace", namespace,
-            "--peering", "torchflex",
-            "--priority", "oldest",
-            "--peering-lifetime", str(LIFETIME_S),
+            "--lease", LEASE,
+            "--lease-namespace", namespace,
+            "--lease-duration", str(LEASE_S),
             "--metrics-port", str(self.port),
             "--health-port", "0",
             "--agent-command", "env",
@@ -76,7 +77,12 @@ class Replica:
         return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
 
     def writes(self) -> float:
-        return sum(self.total(f'torchflex_api_requests_total{{verb="{v}"}}') for v in WRITES)
+        # Each write verb's series, whatever their status codes (the exposition sorts
+        # the labels: code="...",verb="...").
+        series = "torchflex_api_requests_total{"
+        verbs = tuple(f'verb="{v}"' for v in WRITES)
+        samples = self.metrics().items()
+        return sum(v for k, v in samples if k.startswith(series) and any(w in k for w in verbs))
 
     def active(self) -> bool:
         return self.metrics().get("torchflex_active") == 1.0
@@ -94,16 +100,6 @@ class Replica:
 def replicas(
     cluster: Cluster, namespace: str, crd: None, tmp_path: Path
 ) -> Iterator[list[Replica]]:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(PEERING_CRDS))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/kopfpeerings.kopf.dev", "--timeout=60s"
-    )
-    peering = {
-        "apiVersion": "kopf.dev/v1",
-        "kind": "KopfPeering",
-        "metadata": {"name": "torchflex"},
-    }
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(peering))
     started: list[Replica] = []
     try:
         yield started
@@ -112,9 +108,10 @@ def replicas(
             replica.stop()
 
 
-def peers(cluster: Cluster, namespace: str) -> dict[str, int]:
-    obj = cluster.get_json("kopfpeering", "torchflex", "-n", namespace)
-    return {k: int(v["priority"]) for k, v in (obj.get("status") or {}).items()}
+def lease(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    """The Lease's spec; {} while it does not exist."""
+    out = cluster.kubectl("get", "lease", LEASE, "-n", namespace, "-o", "json", check=False)
+    return dict(json.loads(out.stdout)["spec"]) if out.returncode == 0 else {}
 
 
 def test_only_the_active_replica_acts_and_the_standby_takes_over(
@@ -124,29 +121,35 @@ def test_only_the_active_replica_acts_and_the_standby_takes_over(
     first = Replica(cluster, namespace, "op-first", tmp_path / "first.log")
     replicas.append(first)
     wait_for(first.active, 60, "the first replica active")
+    assert lease(cluster, namespace)["holderIdentity"] == "op-first"
     second = Replica(cluster, namespace, "op-second", tmp_path / "second.log")
     replicas.append(second)
-    wait_for(lambda: set(peers(cluster, namespace)) == {"op-first", "op-second"}, 60, "2 peers")
     wait_for(second.metrics, 30, "the second replica serving metrics")
-    assert peers(cluster, namespace)["op-first"] > peers(cluster, namespace)["op-second"]
+    # The replica that came later never pre-empts the one that holds the Lease.
+    held = f"Lease {namespace}/{LEASE} is held by op-first"
+    wait_for(lambda: held in second.log.read_text(), 30, "the second replica standing by")
+    assert lease(cluster, namespace)["holderIdentity"] == "op-first"
 
     name = "ha"
     apply(cluster, namespace, kwok_job(name, minReplicas=1, maxReplicas=3, replicas=2))
     wait_for(lambda: len(live_workers(cluster, namespace, name)) == 2, 60, "2 workers")
-    time.sleep(2 * LIFETIME_S)  # past a keep-alive round or two: the standby stays passive
+    time.sleep(2 * LEASE_S)  # past a lease duration or two: the standby stays passive
     assert first.active() and not second.active()
+    assert lease(cluster, namespace)["holderIdentity"] == "op-first"
     assert first.total("torchflex_pods_created_total") >= 3  # 2 workers + the store
     assert second.total("torchflex_pods_created_total") == 0
     assert second.total("torchflex_reconcile_total") == 0
     assert second.writes() == 0, second.metrics()
     assert first.writes() > 0
 
-    # The active replica dies without a goodbye; its keep-alive expires.
+    # The active replica dies without releasing the Lease; it expires.
     killed_at = time.monotonic()
     first.kill()
-    wait_for(second.active, 4 * LIFETIME_S, "the standby active")
+    wait_for(second.active, 4 * LEASE_S, "the standby active")
     took_over = time.monotonic() - killed_at
-    assert took_over <= 4 * LIFETIME_S
+    assert took_over <= 4 * LEASE_S
+    spec = lease(cluster, namespace)
+    assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("op-second", 1)
     cluster.kubectl("scale", "-n", namespace, f"ej/{name}", "--replicas=3")
     wait_for(lambda: len(live_workers(cluster, namespace, name)) == 3, 60, "3 workers")
     assert second.total("torchflex_pods_created_total") == 1  # only the new worker

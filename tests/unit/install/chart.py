@@ -60,6 +60,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "workerServiceAccount": {"create": False},
         "image": {"digest": "sha256:" + "ab" * 32},
     },
+    "monitoring": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}, "interval": "30s"}
+        }
+    },
     "worker-rbac": {
         "workerServiceAccount": {
             "namespaces": ["ml"],

@@ -1,5 +1,5 @@
-"""The chart's CRDs: the ElasticJob CRD never drifts from crds/, and the peering
-CRDs are the ones kopf looks for.
+"""The chart's CRDs: only the ElasticJob CRD (leader election uses a built-in Lease),
+and it never drifts from crds/.
 
 Helm installs files of the chart's crds/ verbatim (never templated), so a
 byte comparison is the drift check; to sync after a CRD change:
@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-from kopf._cogs.structs import references
 
 from tests.unit.install.chart import CHART, REPO, render
 
@@ -30,27 +29,9 @@ def _crds() -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == "CustomResourceDefinition"}
 
 
-def test_template_with_crds_ships_elasticjob_and_both_peering_crds() -> None:
-    assert set(_crds()) == {
-        "elasticjobs.torchflex.io",
-        "clusterkopfpeerings.kopf.dev",
-        "kopfpeerings.kopf.dev",
-    }
-
-
-def test_peering_crds_match_kopfs_selectors() -> None:
-    crds = _crds()
-    for selector, scope in (
-        (references.CLUSTER_PEERINGS_K, "Cluster"),
-        (references.NAMESPACED_PEERINGS_K, "Namespaced"),
-    ):
-        crd = crds[f"{selector.any_name}.{selector.group}"]
-        assert crd["spec"]["names"]["plural"] == selector.any_name
-        assert crd["spec"]["scope"] == scope
-        assert [v["name"] for v in crd["spec"]["versions"]] == [selector.version]
-        status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
-        # kopf writes one key per peer identity under .status.
-        assert status["x-kubernetes-preserve-unknown-fields"] is True
+def test_template_with_crds_ships_only_the_elasticjob_crd() -> None:
+    assert set(_crds()) == {"elasticjobs.torchflex.io"}
+    assert [p.name for p in (CHART / "crds").iterdir()] == ["elasticjob.yaml"]
 
 
 def test_crd_files_parse_as_yaml() -> None:

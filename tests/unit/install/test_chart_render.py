@@ -24,6 +24,7 @@ from tests.unit.install.chart import (
     render,
 )
 from torchflex_operator import cli
+from torchflex_operator.election import Timing
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
@@ -50,11 +51,12 @@ def test_default_is_clusterwide_standalone_with_recreate() -> None:
     docs = render({})
     args = cli.parser().parse_args(operator_container(docs)["args"])
     assert args.all_namespaces and not args.namespace
-    assert args.standalone and args.peering is None
+    assert args.standalone and args.lease is None and args.peering is None
+    assert cli.lease_config(args, NAMESPACE) is None
     dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] == 1
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
-    assert not find(docs, "ClusterKopfPeering") and not find(docs, "PodDisruptionBudget")
+    assert not find(docs, "Role") and not find(docs, "PodDisruptionBudget")
     assert {d["kind"] for d in docs} == {
         "Deployment",
         "ServiceAccount",
@@ -82,17 +84,27 @@ def test_namespaced_mode_watches_exactly_the_listed_namespaces() -> None:
     assert sorted(s["metadata"]["namespace"] for s in workers) == ["team-a", "team-b"]
 
 
-def test_ha_runs_peering_with_rolling_update_and_pdb() -> None:
+LEASE_RULE = {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"]}
+
+
+def test_ha_elects_through_a_lease_with_rolling_update_and_pdb() -> None:
     docs = render(VALUE_SETS["ha"])
     container = operator_container(docs)
     args = cli.parser().parse_args(container["args"])
-    peering = one(docs, "ClusterKopfPeering")
-    assert args.peering == peering["metadata"]["name"] == f"tf-torchflex-{NAMESPACE}"
-    assert not args.standalone
-    # Replicas of one template still get distinct priorities: the earliest start wins.
-    assert args.priority == "oldest"
-    first, second = (cli.peering_priority(args.priority, t) for t in (10**18, 10**18 + 1000))
-    assert first > second
+    lease = cli.lease_config(args, None)
+    assert lease == cli.LeaseConfig(NAMESPACE, "tf-torchflex", Timing(15, 10.0, 2.0))
+    assert not args.standalone and cli.deprecations(args) == []
+    # Its own Lease only: create (not limitable by name), then get/update of that name.
+    role = one(docs, "Role", "tf-torchflex-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {**LEASE_RULE, "verbs": ["create"]},
+        {**LEASE_RULE, "resourceNames": [lease.name], "verbs": ["get", "update"]},
+    ]
+    binding = one(docs, "RoleBinding", "tf-torchflex-leader-election")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == "tf-torchflex"
+    assert not [d for d in docs if d["apiVersion"].startswith("kopf.dev")]
     dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] == 3
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
@@ -103,13 +115,22 @@ def test_ha_runs_peering_with_rolling_update_and_pdb() -> None:
     assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
 
 
-def test_namespaced_ha_has_one_kopfpeering_per_namespace() -> None:
+def test_namespaced_ha_keeps_its_lease_in_the_release_namespace() -> None:
     docs = render(VALUE_SETS["namespaced-ha"])
     args = cli.parser().parse_args(operator_container(docs)["args"])
-    peering = one(docs, "KopfPeering")
-    assert peering["metadata"]["namespace"] == "team-a"
-    assert args.peering == peering["metadata"]["name"]
-    assert not find(docs, "ClusterKopfPeering")
+    lease = cli.lease_config(args, None)
+    assert lease is not None and (lease.namespace, lease.name) == (NAMESPACE, "tf-torchflex")
+    role = one(docs, "Role", "tf-torchflex-leader-election")
+    assert role["metadata"]["namespace"] == NAMESPACE
+
+
+def test_peering_values_of_earlier_charts_still_turn_election_on() -> None:
+    timing = {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20, "retryPeriodSeconds": 4}
+    docs = render({"peering": {"enabled": True, "name": "old"}, "leaderElection": timing})
+    args = cli.parser().parse_args(operator_container(docs)["args"])
+    assert cli.lease_config(args, None) == cli.LeaseConfig(NAMESPACE, "old", Timing(30, 20, 4))
+    assert one(docs, "Deployment")["spec"]["replicas"] == 1
+    assert not find(render({"peering": {"enabled": False}}), "Role")
 
 
 def test_operator_pod_is_restricted_non_root_with_probes_and_resources() -> None:

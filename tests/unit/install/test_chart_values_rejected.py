@@ -38,7 +38,29 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"securityContext": {"allowPrivilegeEscalation": True}},
         ["/securityContext/allowPrivilegeEscalation"],
     ),
-    ("peering value", {"peering": {"enabled": "yes"}}, ["/peering/enabled"]),
+    ("leader election value", {"leaderElection": {"enabled": "yes"}}, ["/leaderElection/enabled"]),
+    ("old peering value", {"peering": {"enabled": "yes"}}, ["/peering/enabled"]),
+    (
+        "renew deadline not shorter than the lease",
+        {"leaderElection": {"leaseDurationSeconds": 10, "renewDeadlineSeconds": 10}},
+        ["renewDeadlineSeconds must be shorter than leaseDurationSeconds"],
+    ),
+    (
+        "renew deadline without room for a retry",
+        {"leaderElection": {"renewDeadlineSeconds": 2, "retryPeriodSeconds": 2}},
+        ["must exceed 1.2 x retryPeriodSeconds"],
+    ),
+    ("lease too short", {"leaderElection": {"leaseDurationSeconds": 1}}, ["/leaderElection"]),
+    (
+        "servicemonitor without metrics",
+        {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
+        ["metrics.serviceMonitor.enabled needs metrics.enabled"],
+    ),
+    (
+        "servicemonitor interval",
+        {"metrics": {"serviceMonitor": {"interval": "30 seconds"}}},
+        ["/metrics/serviceMonitor/interval"],
+    ),
     (
         "namespaced without namespaces",
         {"watch": {"mode": "namespaced"}},
@@ -50,9 +72,14 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["watch.namespaces: must be empty", "watch.mode=namespaced"],
     ),
     (
-        "replicas without peering",
+        "replicas without leader election",
+        {"replicaCount": 2, "leaderElection": {"enabled": False}},
+        ["replicaCount > 1 needs leader election"],
+    ),
+    (
+        "replicas with the old peering off",
         {"replicaCount": 2, "peering": {"enabled": False}},
-        ["replicaCount > 1 needs peering"],
+        ["replicaCount > 1 needs leader election"],
     ),
     (
         "pdb blocking drains",

@@ -2,16 +2,18 @@
 
 What the operator calls is read from its code, not from a list kept by hand:
 - ``kube.py`` (the only module calling the API): every ``self.core.X`` /
-  ``self.custom.X`` / ``self.networking.X`` call, mapped from the client's
-  method name to a verb and resource (``create_namespaced_pod`` → pods create);
+  ``self.custom.X`` / ``self.networking.X`` / ``self.coordination.X`` call, mapped
+  from the client's method name to a verb and resource (``create_namespaced_pod``
+  → pods create); the Lease calls (leader election) go to a Role in the release
+  namespace, get/update limited to the Lease's name;
 - ``handlers.py``: every ``kopf.on.event(group, version, plural)`` is a kopf
   watch (list + watch);
 - ``manifests.py`` (every owned object): owner references with ``blockOwnerDeletion`` need
   ``update`` on ``elasticjobs/finalizers`` where OwnerReferencesPermissionEnforcement
   is on;
-- kopf itself (its observers in ``kopf._core.reactor.observation`` and
-  ``kopf._core.engines.peering``): CRDs list/watch, namespaces list/watch when
-  not cluster-wide, the peering object list/watch/patch with ``--peering``.
+- kopf itself (its observers in ``kopf._core.reactor.observation``; it runs
+  standalone, so no peering objects): CRDs list/watch, namespaces list/watch
+  when not cluster-wide.
 
 Then the rendered Roles/ClusterRoles must equal that set, in both modes: no
 missing verb (a 403 in a real cluster) and no extra one (not least privilege).
@@ -24,11 +26,12 @@ import ast
 import inspect
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kopf._cogs.structs import references
 
-from tests.unit.install.chart import VALUE_SETS, find, one, render, rules_of
+from tests.unit.install.chart import NAMESPACE, VALUE_SETS, find, one, render, rules_of
 from torchflex_contract import labels
 from torchflex_operator import backends, builders, handlers, kube
 from torchflex_operator.settings import Settings
@@ -38,7 +41,9 @@ Rule = tuple[str, str, str]
 # The operator's own ClusterRole; the chart's user-facing ones (aggregated into
 # edit/view, templates/tenancy.yaml) grant users, not the operator.
 OPERATOR_CLUSTER_ROLE = "tf-torchflex-torchflex-system"
-CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions", "clusterkopfpeerings"}
+CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions"}
+LEASE_ROLE = "tf-torchflex-leader-election"
+LEASES = ("coordination.k8s.io", "leases")
 _VERBS = {"create": "create", "delete": "delete", "list": "list", "get": "get", "read": "get",
           "patch": "patch", "replace": "update"}  # fmt: skip
 _CORE_PLURALS = {"pod": "pods", "service": "services", "event": "events", "node": "nodes"}
@@ -57,7 +62,7 @@ def _client_calls() -> list[tuple[str, str]]:
             and isinstance(node.func.value, ast.Attribute)
             and isinstance(node.func.value.value, ast.Name)
             and node.func.value.value.id == "self"
-            and node.func.value.attr in ("core", "custom", "networking")
+            and node.func.value.attr in ("core", "custom", "networking", "coordination")
         ):
             calls.append((node.func.value.attr, node.func.attr))
     return calls
@@ -74,6 +79,9 @@ def kube_rules() -> set[Rule]:
             group, resource = labels.GROUP, labels.PLURAL
         elif api == "networking":
             group, resource = "networking.k8s.io", _NETWORKING_PLURALS[m["kind"]]
+        elif api == "coordination":
+            assert m["kind"] == "lease", method
+            group, resource = LEASES
         else:
             group, resource = "", _CORE_PLURALS[m["kind"]]
         out.add((group, resource + ("/status" if m["status"] else ""), verb))
@@ -129,20 +137,23 @@ def owner_rules() -> set[Rule]:
     return set()
 
 
-def kopf_rules(*, clusterwide: bool, peering: bool) -> set[Rule]:
+def kopf_rules(*, clusterwide: bool) -> set[Rule]:
     crds = references.CRDS
     out: set[Rule] = {(crds.group or "", str(crds.any_name), v) for v in ("list", "watch")}
     if not clusterwide:
         ns = references.NAMESPACES
         out |= {(ns.group or "", str(ns.any_name), v) for v in ("list", "watch")}
-    if peering:
-        sel = references.CLUSTER_PEERINGS_K if clusterwide else references.NAMESPACED_PEERINGS_K
-        out |= {(sel.group or "", str(sel.any_name), v) for v in ("list", "watch", "patch")}
     return out
 
 
-def required(*, clusterwide: bool, peering: bool, watch_nodes: bool = True) -> set[Rule]:
-    rules = kube_rules() | owner_rules() | kopf_rules(clusterwide=clusterwide, peering=peering)
+def lease_rules() -> set[Rule]:
+    """The leader-election Lease calls of kube.py (the Role in the release namespace)."""
+    return {r for r in kube_rules() if r[:2] == LEASES}
+
+
+def required(*, clusterwide: bool, watch_nodes: bool = True) -> set[Rule]:
+    """What the operator's (Cluster)Roles for the jobs must grant: all but the Lease."""
+    rules = kube_rules() - lease_rules() | owner_rules() | kopf_rules(clusterwide=clusterwide)
     for group, plural in watched_resources():
         if plural == "nodes" and not watch_nodes:
             continue
@@ -161,29 +172,45 @@ def test_derivation_sees_the_calls_we_know_about() -> None:
     assert ("", "pods", "create") in rules
     assert (labels.GROUP, f"{labels.PLURAL}/status", "patch") in rules
     assert ("", "nodes") in watched_resources()
+    assert lease_rules() == {(*LEASES, v) for v in ("get", "create", "update")}
+
+
+def assert_lease_role(docs: list[dict[str, Any]], election: bool) -> None:
+    """With leader election, exactly the Lease calls, in the release namespace, and all
+    but create (which RBAC cannot limit by name) limited to the Lease's own name."""
+    if not election:
+        assert not find(docs, "Role", LEASE_ROLE)
+        return
+    role = one(docs, "Role", LEASE_ROLE)
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert rules_of(role) == lease_rules()
+    for rule in role["rules"]:
+        assert rule["verbs"] == ["create"] or rule["resourceNames"] == ["tf-torchflex"]
 
 
 @pytest.mark.parametrize(
-    ("name", "peering", "watch_nodes"),
+    ("name", "election", "watch_nodes"),
     [("default", False, True), ("ha", True, True), ("minimal", False, False)],
 )
 def test_cluster_mode_clusterrole_is_exactly_what_the_code_uses(
-    name: str, peering: bool, watch_nodes: bool
+    name: str, election: bool, watch_nodes: bool
 ) -> None:
     docs = render(VALUE_SETS[name])
-    assert not find(docs, "Role")
+    assert [r["metadata"]["name"] for r in find(docs, "Role")] == ([LEASE_ROLE] if election else [])
     granted = rules_of(one(docs, "ClusterRole", OPERATOR_CLUSTER_ROLE))
-    assert granted == required(clusterwide=True, peering=peering, watch_nodes=watch_nodes)
+    assert granted == required(clusterwide=True, watch_nodes=watch_nodes)
+    assert_lease_role(docs, election)
 
 
-@pytest.mark.parametrize(("name", "peering"), [("namespaced", False), ("namespaced-ha", True)])
+@pytest.mark.parametrize(("name", "election"), [("namespaced", False), ("namespaced-ha", True)])
 def test_namespaced_mode_roles_and_clusterrole_are_exactly_what_the_code_uses(
-    name: str, peering: bool
+    name: str, election: bool
 ) -> None:
     values = VALUE_SETS[name]
     docs = render(values)
-    namespaced, cluster = _split(required(clusterwide=False, peering=peering))
-    roles = find(docs, "Role")
+    assert_lease_role(docs, election)
+    namespaced, cluster = _split(required(clusterwide=False))
+    roles = [r for r in find(docs, "Role") if r["metadata"]["name"] != LEASE_ROLE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == values["watch"]["namespaces"]
     for role in roles:
         assert rules_of(role) == namespaced

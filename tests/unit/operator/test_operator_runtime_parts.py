@@ -13,7 +13,8 @@ from kubernetes.client.exceptions import ApiException
 from tests.unit.operator.factories import NOW, worker
 from torchflex_contract import labels
 from torchflex_operator.cache import NodeCache, OwnedCache
-from torchflex_operator.cli import parser, settings_from
+from torchflex_operator.cli import LeaseConfig, deprecations, lease_config, parser, settings_from
+from torchflex_operator.election import Timing
 from torchflex_operator.errors import (
     AccessDeniedError,
     ConflictError,
@@ -128,8 +129,30 @@ def test_workqueue_dedupes_and_delays() -> None:
 def test_cli_flags() -> None:
     args = parser().parse_args(["-n", "a", "-n", "b", "--log-format", "json", "--standalone"])
     assert args.namespace == ["a", "b"] and args.log_format == "json"
-    ha = parser().parse_args(["-n", "a", "--peering", "p", "--priority", "oldest"])
-    assert (ha.peering, ha.priority, ha.peering_lifetime) == ("p", "oldest", 60)
+    ha = parser().parse_args(["-n", "a", "--lease", "p", "--lease-namespace", "ops"])
+    assert lease_config(ha, None) == LeaseConfig("ops", "p", Timing(15, 10.0, 2.0))
+    assert deprecations(ha) == []
+    # Outside a pod, a single plain -n namespace holds the Lease; in a pod, its own namespace.
+    assert lease_config(parser().parse_args(["-n", "a", "--lease", "p"]), None) == LeaseConfig(
+        "a", "p", Timing(15, 10.0, 2.0)
+    )
+    tuned = parser().parse_args(["--lease", "p", "--lease-duration", "6", "--retry-period", "1"])
+    assert lease_config(tuned, "pod-ns") == LeaseConfig("pod-ns", "p", Timing(6, 4.0, 1.0))
+    assert lease_config(parser().parse_args(["--standalone"]), "pod-ns") is None
+    # The kopf-peering flags of earlier releases still work, with a warning each.
+    old = parser().parse_args(["-n", "a", "--peering", "p", "--priority", "oldest",
+                               "--peering-lifetime", "30"])  # fmt: skip
+    assert lease_config(old, None) == LeaseConfig("a", "p", Timing(30, 20.0, 4.0))
+    assert [w.split(" ", 1)[0] for w in deprecations(old)] == [
+        "--peering", "--peering-lifetime", "--priority"
+    ]  # fmt: skip
+    for bad_lease in (
+        ["--lease", "p"],  # no namespace to put it in
+        ["-n", "a*", "--lease", "p"],
+        ["--lease", "p", "--lease-namespace", "x", "--renew-deadline", "20"],
+    ):
+        with pytest.raises(ValueError, match="lease"):
+            lease_config(parser().parse_args(bad_lease), None)
     assert parser().parse_args([]).resync == 300
     paced = settings_from(parser().parse_args(["--max-pending-pods", "8", "--create-batch", "2"]))
     assert (paced.max_unscheduled, paced.create_batch_initial) == (8, 2)
@@ -139,6 +162,9 @@ def test_cli_flags() -> None:
         ["-n", "a", "-A"],
         ["--log-format", "xml"],
         ["--peering", "p", "--standalone"],
+        ["--lease", "p", "--standalone"],
+        ["--lease-duration", "0"],
+        ["--retry-period", "-1"],
         ["--priority", "newest"],
     ):
         with pytest.raises(SystemExit) as exc:
