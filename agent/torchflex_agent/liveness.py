@@ -1,8 +1,10 @@
 """Liveness of a running round: heartbeats, ring watching, the stale-key watch.
 
 Where it sits: the agent starts one ``RoundMonitor`` per round it is a member
-of, after ``Rendezvous.next_round`` returned. Two daemon threads, each with
-its own store connection (a blocked TCPStore client would stall the other):
+of, after ``Rendezvous.next_round`` returned. Daemon threads, each on its
+own ``Rendezvous.clone()`` (a store connection of its own: a blocked TCPStore
+client would stall the others), through the rendezvous's operations (``beat``,
+``heartbeat``, ``record_lost``, ``claim_stale``...), never a store key:
 
 * the heartbeat thread increments ``hb/<my rank>`` every interval and reads
   ``hb/<successor>``; if the successor's counter stops advancing for the
@@ -28,36 +30,25 @@ A detector records whom it declared lost, and how (``silent``: heartbeat
 timeout; ``exited``: presence link closed), in the round's ``lost`` key
 before it marks the round stale, so every member can name the lost pods
 (``AgentReport.lost_pods``) and a member named there knows to fence itself.
+``probe_peers`` is the one-shot check a member runs after a local worker failure.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import selectors
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 
 from torchflex_agent.errors import RendezvousError, StoreUnavailableError
 from torchflex_agent.fence import Lease
-from torchflex_agent.kvstore import KVStore
-from torchflex_agent.rdzv_logic import ProgressTracker, RendezvousResult, StaleMark
+from torchflex_agent.rdzv_logic import EXITED, SILENT, ProgressTracker, RendezvousResult, StaleMark
 from torchflex_agent.rendezvous import Rendezvous
 from torchflex_contract.progress import RestartReason
-from torchflex_contract.store_keys import (
-    FINISHED,
-    HEARTBEAT,
-    INCARNATION,
-    LOST,
-    STALE,
-    Keys,
-    round_key,
-)
 
 log = logging.getLogger(__name__)
 
@@ -65,58 +56,6 @@ _STALE_WAIT_SLICE = 1.0
 _PRESENCE_CONNECT_TIMEOUT = 2.0
 _PRESENCE_POLL = 0.5
 _STOP_JOIN = 0.3
-_LOST_CAS_ATTEMPTS = 16
-
-SILENT = "silent"
-"""Lost by heartbeat timeout: frozen, partitioned, powered off."""
-EXITED = "exited"
-"""Lost by its presence link closing: the agent's process is gone."""
-
-
-def decode_lost(raw: bytes | None) -> tuple[tuple[int, str], ...]:
-    """The round's ``lost`` key as ((rank, how), ...); malformed entries are skipped."""
-    if not raw:
-        return ()
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return ()
-    out = []
-    for item in data if isinstance(data, list) else []:
-        if isinstance(item, dict) and isinstance(item.get("rank"), int):
-            out.append((int(item["rank"]), str(item.get("how", ""))))
-    return tuple(out)
-
-
-def encode_lost(entries: tuple[tuple[int, str], ...]) -> bytes:
-    return json.dumps([{"rank": r, "how": how} for r, how in entries]).encode()
-
-
-def record_lost(store: KVStore, keys: Keys, round_no: int, rank: int, how: str) -> None:
-    """Add ``rank`` to the round's lost list (compare-and-set, bounded retries)."""
-    key = round_key(keys, round_no, LOST)
-    raw = store.get(key)
-    for _ in range(_LOST_CAS_ATTEMPTS):
-        entries = decode_lost(raw)
-        if any(r == rank for r, _how in entries):
-            return
-        desired = encode_lost((*entries, (rank, how)))
-        now = store.compare_set(key, raw, desired)
-        if now == desired:
-            return
-        raw = now
-    log.warning("round %d: could not record node rank %d as lost (contention)", round_no, rank)
-
-
-def read_lost(store: KVStore, keys: Keys, round_no: int) -> tuple[tuple[int, str], ...]:
-    return decode_lost(store.get(round_key(keys, round_no, LOST)))
-
-
-def store_incarnation(store: KVStore, keys: Keys) -> str:
-    """The store's incarnation id (written by the first agent to ask; see store_keys)."""
-    mine = uuid.uuid4().hex[:12].encode()
-    value = store.compare_set(keys.key(INCARNATION), None, mine)
-    return (value or mine).decode(errors="replace")
 
 
 class PresenceServer:
@@ -222,22 +161,22 @@ class RoundMonitor:
         # store surfaces as an exception to the agent loop, not a silent thread.
         if self._lease is not None:
             since = self._clock()
-            incarnation = store_incarnation(self._rdzv.store, self._rdzv.keys)
+            incarnation = self._rdzv.incarnation()
             self._lease.grant(self._result.round, incarnation, since)
-        hb_store = self._rdzv.store.clone()
-        stale_store = self._rdzv.store.clone()
+        hb_rdzv = self._rdzv.clone()
+        stale_rdzv = self._rdzv.clone()
         self._threads = [
-            threading.Thread(target=self._heartbeat, args=(hb_store,), daemon=True, name="hb"),
+            threading.Thread(target=self._heartbeat, args=(hb_rdzv,), daemon=True, name="hb"),
             threading.Thread(
-                target=self._watch_stale, args=(stale_store,), daemon=True, name="stale"
+                target=self._watch_stale, args=(stale_rdzv,), daemon=True, name="stale"
             ),
         ]
         succ = self._result.successor
         if succ is not None and self._result.nodes[succ].watch_port > 0:
-            presence_store = self._rdzv.store.clone()
+            presence_rdzv = self._rdzv.clone()
             self._threads.append(
                 threading.Thread(
-                    target=self._watch_presence, args=(presence_store,), daemon=True, name="pres"
+                    target=self._watch_presence, args=(presence_rdzv,), daemon=True, name="pres"
                 )
             )
         for t in self._threads:
@@ -259,52 +198,45 @@ class RoundMonitor:
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
 
-    def _key(self, *parts: object) -> str:
-        return round_key(self._rdzv.keys, self._result.round, *parts)
-
-    def _heartbeat(self, store: KVStore) -> None:
-        me = self._result.node_rank
+    def _heartbeat(self, rdzv: Rendezvous) -> None:
+        """Beat, renew the lease, judge the successor; ``rdzv`` is this thread's own view."""
+        round_no, me = self._result.round, self._result.node_rank
         succ = self._result.successor
         tracker = ProgressTracker(self._settings.timeout)
         stale = False
         try:
             while not self._stop.is_set():
                 since = self._clock()
-                store.add(self._key(HEARTBEAT, me), 1)
-                stale = stale or store.get(self._key(STALE)) is not None
-                declared = stale and me in {
-                    r for r, _ in read_lost(store, self._rdzv.keys, self._result.round)
-                }
+                rdzv.beat(round_no, me)
+                stale = stale or rdzv.is_stale(round_no)
+                declared = stale and me in {r for r, _ in rdzv.lost(round_no)}
                 if self._lease is not None and not declared:
                     # Not declared lost: our workers may go on (and checkpoint
                     # while they stop, when the round ended for another reason).
                     self._lease.renew(since)
                 if succ is not None and not stale:
-                    raw = store.get(self._key(HEARTBEAT, succ))
-                    value = int(raw) if raw is not None else None
-                    if tracker.observe(value, self._clock()) and (
-                        store.get(self._key(FINISHED, succ)) is None
-                    ):
+                    value = rdzv.heartbeat(round_no, succ)
+                    if tracker.observe(value, self._clock()) and not rdzv.finished(round_no, succ):
                         self._mark_lost(
-                            store, succ, f"node rank {succ} stopped heartbeating", SILENT
+                            rdzv, succ, f"node rank {succ} stopped heartbeating", SILENT
                         )
                 self._stop.wait(self._settings.heartbeat_interval)
         except StoreUnavailableError as exc:
             self._report(RoundEvent(RestartReason.STORE_LOST, str(exc)))
         finally:
-            store.close()
+            rdzv.close()
 
-    def _mark_lost(self, store: KVStore, succ: int, detail: str, how: str) -> None:
-        if store.get(self._key(FINISHED, succ)) is not None:
+    def _mark_lost(self, rdzv: Rendezvous, succ: int, detail: str, how: str) -> None:
+        round_no = self._result.round
+        if rdzv.finished(round_no, succ):
             return  # it finished and exited: not a loss
-        if store.get(self._key(STALE)) is not None:
+        if rdzv.is_stale(round_no):
             return  # the round is over already: the peer may just have moved on
-        record_lost(store, self._rdzv.keys, self._result.round, succ, how)
-        mark = StaleMark(RestartReason.MEMBER_LOST, self._rdzv.node.node_id, detail).encode()
-        if store.compare_set(self._key(STALE), None, mark) == mark:
-            log.warning("round %d: %s", self._result.round, detail)
+        rdzv.record_lost(round_no, succ, how)
+        if rdzv.claim_stale(round_no, RestartReason.MEMBER_LOST, detail):
+            log.warning("round %d: %s", round_no, detail)
 
-    def _watch_presence(self, store: KVStore) -> None:
+    def _watch_presence(self, rdzv: Rendezvous) -> None:
         succ = self._result.successor
         assert succ is not None
         peer = self._result.nodes[succ]
@@ -333,7 +265,7 @@ class RoundMonitor:
                 if not data:
                     if not self._stop.is_set():
                         self._mark_lost(
-                            store,
+                            rdzv,
                             succ,
                             f"node rank {succ}'s agent exited (presence link closed)",
                             EXITED,
@@ -344,16 +276,16 @@ class RoundMonitor:
         finally:
             if conn is not None:
                 conn.close()
-            store.close()
+            rdzv.close()
 
-    def _watch_stale(self, store: KVStore) -> None:
+    def _watch_stale(self, rdzv: Rendezvous) -> None:
+        round_no = self._result.round
         try:
             while not self._stop.is_set():
-                if store.wait([self._key(STALE)], max(_STALE_WAIT_SLICE, store.wait_slice)):
-                    raw = store.get(self._key(STALE))
-                    if raw is None:
+                if rdzv.wait_stale(round_no, max(_STALE_WAIT_SLICE, rdzv.wait_slice)):
+                    mark = rdzv.stale_mark(round_no)
+                    if mark is None:
                         continue
-                    mark = StaleMark.decode(raw)
                     self._report(RoundEvent(mark.reason, mark.detail))
                     return
         except StoreUnavailableError as exc:
@@ -361,7 +293,7 @@ class RoundMonitor:
         except RendezvousError as exc:
             self._report(RoundEvent(RestartReason.STORE_LOST, f"unreadable stale mark: {exc}"))
         finally:
-            store.close()
+            rdzv.close()
 
 
 def probe_peers(
@@ -376,24 +308,20 @@ def probe_peers(
     intervals is taken as lost and the round is marked stale for it.
     Returns the round's stale mark if it has one at the end, else None.
     """
-    store = rdzv.store
     peers = [i for i in range(result.num_nodes) if i != result.node_rank]
 
-    def sample() -> dict[int, bytes | None]:
-        return {i: store.get(round_key(rdzv.keys, result.round, HEARTBEAT, i)) for i in peers}
+    def sample() -> dict[int, int | None]:
+        return {i: rdzv.heartbeat(result.round, i) for i in peers}
 
     before = sample()
-    stale_key = round_key(rdzv.keys, result.round, STALE)
     window = max(window, 2.5 * settings.heartbeat_interval)
-    if store.wait([stale_key], window):
+    if rdzv.wait_stale(result.round, window):
         return rdzv.stale_mark(result.round)
     after = sample()
     for i in peers:
-        if after[i] == before[i] and (
-            store.get(round_key(rdzv.keys, result.round, FINISHED, i)) is None
-        ):
+        if after[i] == before[i] and not rdzv.finished(result.round, i):
             if rdzv.stale_mark(result.round) is None:
-                record_lost(store, rdzv.keys, result.round, i, SILENT)
+                rdzv.record_lost(result.round, i, SILENT)
             return rdzv.mark_stale(
                 result.round,
                 RestartReason.MEMBER_LOST,

@@ -109,6 +109,31 @@ def decode_membership(raw: bytes) -> tuple[NodeDescriptor, ...]:
     return tuple(NodeDescriptor.from_json(n) for n in nodes)
 
 
+SILENT = "silent"
+"""Lost by heartbeat timeout: frozen, partitioned, powered off."""
+EXITED = "exited"
+"""Lost by its presence link closing: the agent's process is gone."""
+
+
+def decode_lost(raw: bytes | None) -> tuple[tuple[int, str], ...]:
+    """A round's ``lost`` key as ((rank, how), ...); malformed entries are skipped."""
+    if not raw:
+        return ()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return ()
+    out = []
+    for item in data if isinstance(data, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("rank"), int):
+            out.append((int(item["rank"]), str(item.get("how", ""))))
+    return tuple(out)
+
+
+def encode_lost(entries: tuple[tuple[int, str], ...]) -> bytes:
+    return json.dumps([{"rank": r, "how": how} for r, how in entries]).encode()
+
+
 @dataclasses.dataclass(frozen=True)
 class StaleMark:
     reason: RestartReason

@@ -3,29 +3,25 @@
 Where it sits: the agent loop calls ``Rendezvous.next_round`` to become a
 member of a closed round (its node rank, the membership, the master
 address), ``mark_stale`` when the round must end (worker failure, lost
-peer, leaving), and ``close_job`` when the job is over. ``liveness`` watches
-a running round. Decisions come from ``rdzv_logic``; this module only reads
-and writes keys (layout in ``torchflex_contract.store_keys``).
+peer, leaving), and ``close_job`` when the job is over. A running round's
+records are operations here too: heartbeats, ``finished``, the ``lost``
+list, each member's reported failure and the job's restart count, which
+``supervise`` and ``liveness`` call instead of touching the store. Decisions
+come from ``rdzv_logic``; this module only reads and writes keys (layout in
+``torchflex_contract.store_keys``), and it is the only agent module that does
+(an import-linter contract in ``pyproject.toml`` keeps it so).
 
-Protocol for round r (one pass, a handful of round trips per node):
-
-1. if ``r/stale`` exists the round is over: move on to r+1;
-2. if ``r/closed`` exists the round runs without us: count ourselves in
-   ``r/waiting``, mark it stale (reason MemberJoined) if it has room, wait
-   for ``r/stale`` and move on;
-3. else ``take_ticket(r/arrivals)`` gives our arrival index i, and we publish our
-   descriptor at ``r/node/i``; the arrival that reaches max closes at once,
-   the others block on ``r/closed`` (server-side wait / etcd watch), closing
-   it themselves once min arrived and the last call passed;
-   (a joiner waiting on a *full* round also watches its members: if they are
-   all gone -- presence ports refused, heartbeats stalled on the joiner's own
-   clock -- nobody else is left to end the round, so the joiner marks it
-   stale (MemberLost) and moves on at once instead of at its join timeout);
-4. exactly one ``compare_set(r/closed, absent, membership)`` wins; indices
-   below its count are members, the rest are waiters. The closer orders the
-   members by their rank in the previous round (``rdzv_logic.rank_order``),
-   newcomers last, so a re-formed group keeps its rank 0 (the master, whose
-   worker is warm) instead of handing it to a node still starting up.
+Protocol for round r (one pass, a handful of round trips per node; each
+step in docs/agent.md, "Rendezvous protocol"): a stale round is skipped; a
+closed one is waited out (counted in ``r/waiting``, marked stale
+MemberJoined if it has room; a *full* round's members are watched meanwhile,
+and ended MemberLost if all are gone, since nobody else is left to end it);
+otherwise ``take_ticket(r/arrivals)`` gives our arrival index i, we publish
+``r/node/i`` and block on ``r/closed`` until the arrival that reaches max,
+or anyone once min arrived and the last call passed, closes it. Exactly one
+``compare_set(r/closed, absent, membership)`` wins; indices below its count
+are members (ordered by ``rdzv_logic.rank_order``: the previous ranks kept,
+so a re-formed group keeps its warm rank 0), the rest wait for r+1.
 """
 
 from __future__ import annotations
@@ -34,6 +30,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 
 from torchflex_agent.errors import (
@@ -46,6 +43,8 @@ from torchflex_agent.errors import (
 from torchflex_agent.kvstore import KVStore
 from torchflex_agent.presence_probe import refused
 from torchflex_agent.rdzv_logic import (
+    EXITED,
+    SILENT,
     ArrivalRole,
     MemberWatch,
     NodeDescriptor,
@@ -55,7 +54,9 @@ from torchflex_agent.rdzv_logic import (
     Standing,
     arrival_role,
     close_decision,
+    decode_lost,
     decode_membership,
+    encode_lost,
     encode_membership,
     parse_counter,
     rank_order,
@@ -67,9 +68,13 @@ from torchflex_contract.store_keys import (
     ARRIVALS,
     CLOSED,
     CURRENT_ROUND,
+    FAILURE,
+    FAILURE_COUNTED,
     FINISHED,
     HEARTBEAT,
+    INCARNATION,
     JOB_CLOSED,
+    LOST,
     NODE,
     RESTARTS,
     STALE,
@@ -84,14 +89,26 @@ log = logging.getLogger(__name__)
 # (it does so right after taking its ticket; missing means it died in between).
 _DESCRIPTOR_WAIT = 3.0
 _MAX_ROUND_HOPS = 10_000
+_LOST_CAS_ATTEMPTS = 16
 
 
 class RendezvousInterruptedError(RendezvousError):
     """The caller's stop event was set (SIGTERM) while waiting; we left cleanly."""
 
 
+def _restart_count(raw: bytes | None) -> int:
+    try:
+        return int(raw) if raw is not None else 0
+    except ValueError as exc:
+        raise StoreProtocolError(f"malformed restart counter {raw!r}") from exc
+
+
 class Rendezvous:
-    """One node's view of a job's rendezvous."""
+    """One node's view of a job's rendezvous, over one store connection.
+
+    The connection serves one thread at a time (see ``kvstore``): a thread
+    that blocks works on its own view from ``clone()``.
+    """
 
     def __init__(
         self,
@@ -101,17 +118,32 @@ class Rendezvous:
         settings: RendezvousSettings,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.store = store
+        self._store = store
         self.keys = Keys(run_id)
         self.node = node
         self.settings = settings
         self._clock = clock
 
+    def clone(self) -> Rendezvous:
+        """The same view over a new store connection of its own; ``close()`` it after."""
+        return Rendezvous(
+            self._store.clone(), self.keys.run_id, self.node, self.settings, self._clock
+        )
+
+    def close(self) -> None:
+        """Close the connection of a ``clone()`` (the caller that opened a store closes it)."""
+        self._store.close()
+
+    @property
+    def wait_slice(self) -> float:
+        """How long one blocking wait of a polling loop should last (``KVStore.wait_slice``)."""
+        return self._store.wait_slice
+
     # -- job-wide state -------------------------------------------------
 
     def job_closure(self) -> tuple[str, str] | None:
         """(outcome, message) if the job's rendezvous is closed."""
-        raw = self.store.get(self.keys.key(JOB_CLOSED))
+        raw = self._store.get(self.keys.key(JOB_CLOSED))
         if raw is None:
             return None
         try:
@@ -121,11 +153,7 @@ class Rendezvous:
             raise StoreProtocolError(f"malformed job closure: {exc}") from exc
 
     def restarts(self) -> int:
-        raw = self.store.get(self.keys.key(RESTARTS))
-        try:
-            return int(raw) if raw is not None else 0
-        except ValueError as exc:
-            raise StoreProtocolError(f"malformed restart counter {raw!r}") from exc
+        return _restart_count(self._store.get(self.keys.key(RESTARTS)))
 
     def raise_restarts_to(self, seen: int) -> int:
         """Make the job's restart counter at least ``seen``; returns the counter after.
@@ -138,15 +166,28 @@ class Rendezvous:
         """
         key = self.keys.key(RESTARTS)
         for _ in range(16):
-            raw = self.store.get(key)
-            try:
-                current = int(raw) if raw is not None else 0
-            except ValueError as exc:
-                raise StoreProtocolError(f"malformed restart counter {raw!r}") from exc
+            raw = self._store.get(key)
+            current = _restart_count(raw)
             if current >= seen:
                 return current
-            self.store.compare_set(key, raw, str(seen).encode())
+            self._store.compare_set(key, raw, str(seen).encode())
         return self.restarts()
+
+    def count_failure(self, round_no: int) -> int | None:
+        """Count this round's worker failure as one job restart: the first agent to claim
+        it (its node id, compare-and-set from absent) adds one and gets the count after;
+        the others get None (counted elsewhere)."""
+        claim = self.node.node_id.encode()
+        key = round_key(self.keys, round_no, FAILURE_COUNTED)
+        if self._store.compare_set(key, None, claim) != claim:
+            return None
+        return self._store.add(self.keys.key(RESTARTS), 1)
+
+    def incarnation(self) -> str:
+        """The store's incarnation id (written by the first agent to ask; see store_keys)."""
+        mine = uuid.uuid4().hex[:12].encode()
+        value = self._store.compare_set(self.keys.key(INCARNATION), None, mine)
+        return (value or mine).decode(errors="replace")
 
     def end_round_after_store_loss(self, round_no: int) -> None:
         """After reconnecting: if the store still holds our round (etcd persists), end it.
@@ -156,18 +197,18 @@ class Rendezvous:
         as if it were someone else's. An empty store (a restarted c10d store
         pod) holds nothing to end, and a round number reused there is not ours.
         """
-        raw = self.store.get(round_key(self.keys, round_no, CLOSED))
+        raw = self._store.get(round_key(self.keys, round_no, CLOSED))
         if raw is None:
             return
         if any(n.node_id == self.node.node_id for n in decode_membership(raw)):
             self.mark_stale(round_no, RestartReason.STORE_LOST, self.node.node_id)
 
     def waiting_count(self, round_no: int) -> int:
-        return self.store.tickets(round_key(self.keys, round_no, WAITING))
+        return self._store.tickets(round_key(self.keys, round_no, WAITING))
 
     def close_job(self, outcome: str, message: str = "") -> None:
         value = json.dumps({"outcome": outcome, "message": message, "by": self.node.node_id})
-        self.store.compare_set(self.keys.key(JOB_CLOSED), None, value.encode())
+        self._store.compare_set(self.keys.key(JOB_CLOSED), None, value.encode())
 
     def _raise_if_job_closed(self) -> None:
         closure = self.job_closure()
@@ -181,27 +222,86 @@ class Rendezvous:
     # -- round state ----------------------------------------------------
 
     def stale_mark(self, round_no: int) -> StaleMark | None:
-        raw = self.store.get(round_key(self.keys, round_no, STALE))
+        raw = self._store.get(round_key(self.keys, round_no, STALE))
         return None if raw is None else StaleMark.decode(raw)
 
     def mark_stale(self, round_no: int, reason: RestartReason, detail: str = "") -> StaleMark:
         """End a round; the first mark wins and is returned (ours or an earlier one)."""
         mine = StaleMark(reason, self.node.node_id, detail).encode()
-        current = self.store.compare_set(round_key(self.keys, round_no, STALE), None, mine)
+        current = self._store.compare_set(round_key(self.keys, round_no, STALE), None, mine)
         return StaleMark.decode(current if current is not None else mine)
+
+    def claim_stale(self, round_no: int, reason: RestartReason, detail: str = "") -> bool:
+        """End a round like ``mark_stale``; True if ours was the first mark (nothing decoded)."""
+        mine = StaleMark(reason, self.node.node_id, detail).encode()
+        return self._store.compare_set(round_key(self.keys, round_no, STALE), None, mine) == mine
 
     def abort_round(self, round_no: int, reason: RestartReason, detail: str = "") -> None:
         """Mark a forming round stale and close it, so its joiners stop waiting."""
         self.mark_stale(round_no, reason, detail)
-        self.store.compare_set(
+        self._store.compare_set(
             round_key(self.keys, round_no, CLOSED),
             None,
             encode_membership((), closer=f"abort:{self.node.node_id}"),
         )
 
+    def is_stale(self, round_no: int) -> bool:
+        return self._store.get(round_key(self.keys, round_no, STALE)) is not None
+
+    def wait_stale(self, round_no: int, timeout: float) -> bool:
+        """Block until the round is marked stale; False if ``timeout`` seconds passed first."""
+        return self._store.wait([round_key(self.keys, round_no, STALE)], timeout)
+
+    # -- a running round's records --------------------------------------
+
+    def beat(self, round_no: int, node_rank: int) -> None:
+        """One heartbeat of a member: its counter goes up by one."""
+        self._store.add(round_key(self.keys, round_no, HEARTBEAT, node_rank), 1)
+
+    def heartbeat(self, round_no: int, node_rank: int) -> int | None:
+        """A member's heartbeat counter; None if absent or unreadable (no beat)."""
+        return parse_counter(self._store.get(round_key(self.keys, round_no, HEARTBEAT, node_rank)))
+
+    def mark_finished(self, round_no: int, node_rank: int) -> None:
+        """The member's workers succeeded: its exit is not a loss."""
+        self._store.set(round_key(self.keys, round_no, FINISHED, node_rank), b"1")
+
+    def finished(self, round_no: int, node_rank: int) -> bool:
+        return self._store.get(round_key(self.keys, round_no, FINISHED, node_rank)) is not None
+
+    def record_lost(self, round_no: int, node_rank: int, how: str) -> None:
+        """List a member as lost, ``how`` (``SILENT``/``EXITED``), before marking the round
+        stale (compare-and-set, bounded retries); a rank listed already keeps its entry."""
+        key = round_key(self.keys, round_no, LOST)
+        raw = self._store.get(key)
+        for _ in range(_LOST_CAS_ATTEMPTS):
+            entries = decode_lost(raw)
+            if any(r == node_rank for r, _how in entries):
+                return
+            desired = encode_lost((*entries, (node_rank, how)))
+            now = self._store.compare_set(key, raw, desired)
+            if now == desired:
+                return
+            raw = now
+        log.warning("round %d: node rank %d not recorded as lost (contention)", round_no, node_rank)
+
+    def lost(self, round_no: int) -> tuple[tuple[int, str], ...]:
+        """The round's lost list: ((node rank, how), ...) in the order recorded."""
+        return decode_lost(self._store.get(round_key(self.keys, round_no, LOST)))
+
+    def report_failure(self, round_no: int, node_rank: int, message: str) -> None:
+        """Publish the worker failure this member saw, for the agent that gives up to name."""
+        self._store.set(round_key(self.keys, round_no, FAILURE, node_rank), message.encode())
+
+    def peer_failures(self, result: RendezvousResult) -> list[str]:
+        """The failures the other members of ``result``'s round reported, in node-rank order."""
+        ranks = (r for r in range(result.num_nodes) if r != result.node_rank)
+        raws = [self._store.get(round_key(self.keys, result.round, FAILURE, r)) for r in ranks]
+        return [raw.decode(errors="replace") for raw in raws if raw]
+
     def _advance(self, round_no: int) -> int:
         """Move to the next round, or further if the hint already points further."""
-        now = self.store.compare_set(
+        now = self._store.compare_set(
             self.keys.key(CURRENT_ROUND), str(round_no).encode(), str(round_no + 1).encode()
         )
         try:
@@ -211,10 +311,10 @@ class Rendezvous:
         return max(round_no + 1, hint)
 
     def current_round_hint(self) -> int:
-        raw = self.store.get(self.keys.key(CURRENT_ROUND))
+        raw = self._store.get(self.keys.key(CURRENT_ROUND))
         if raw is None:
             # add(0) creates the counter as "0" so later compare_sets have a value to match.
-            return self.store.add(self.keys.key(CURRENT_ROUND), 0)
+            return self._store.add(self.keys.key(CURRENT_ROUND), 0)
         try:
             return int(raw)
         except ValueError as exc:
@@ -243,7 +343,7 @@ class Rendezvous:
             if self.stale_mark(round_no) is not None:
                 round_no = self._advance(round_no)
                 continue
-            closed = self.store.get(round_key(self.keys, round_no, CLOSED))
+            closed = self._store.get(round_key(self.keys, round_no, CLOSED))
             if closed is not None:
                 self._wait_out_round(round_no, decode_membership(closed), deadline, stop)
                 round_no = self._advance(round_no)
@@ -265,7 +365,7 @@ class Rendezvous:
         # elsewhere) ends every wait here, not just the next round's start.
         self._raise_if_job_closed()
         if self._clock() >= deadline:
-            arrivals = self.store.tickets(round_key(self.keys, round_no, ARRIVALS))
+            arrivals = self._store.tickets(round_key(self.keys, round_no, ARRIVALS))
             if joined:
                 self.abort_round(round_no, RestartReason.MEMBER_LEFT, "join timeout")
             raise RendezvousTimeoutError(
@@ -287,7 +387,7 @@ class Rendezvous:
         end it themselves when one of them leaves or dies, but if all are
         gone nobody would, and we would wait out the join timeout.
         """
-        self.store.take_ticket(round_key(self.keys, round_no, WAITING))
+        self._store.take_ticket(round_key(self.keys, round_no, WAITING))
         if waiter_marks_stale(len(nodes), self.settings.max_nodes):
             self.mark_stale(round_no, RestartReason.MEMBER_JOINED, self.node.node_id)
             return
@@ -295,13 +395,9 @@ class Rendezvous:
         if gone and self._end_round_of_gone(round_no, gone, exited=True):
             return
         watch = MemberWatch(self.settings.liveness_timeout)
-        stale = round_key(self.keys, round_no, STALE)
-        while not self.store.wait([stale], self.store.wait_slice):
+        while not self.wait_stale(round_no, self.wait_slice):
             self._check_deadline(round_no, deadline, stop, joined=False)
-            beats = {
-                rank: parse_counter(self.store.get(round_key(self.keys, round_no, HEARTBEAT, rank)))
-                for rank in range(len(nodes))
-            }
+            beats = {rank: self.heartbeat(round_no, rank) for rank in range(len(nodes))}
             stalled = watch.observe(beats, self._clock())
             if stalled and self._end_round_of_gone(round_no, list(stalled), exited=False):
                 return
@@ -314,16 +410,11 @@ class Rendezvous:
         when it wakes up and fences itself instead of checkpointing over the
         group that formed without it.
         """
-        # liveness imports this module; the lost-list helpers live there.
-        from torchflex_agent.liveness import EXITED, SILENT, record_lost
-
-        ranks = [
-            r for r in ranks if self.store.get(round_key(self.keys, round_no, FINISHED, r)) is None
-        ]
+        ranks = [r for r in ranks if not self.finished(round_no, r)]
         if not ranks or self.stale_mark(round_no) is not None:
             return bool(ranks)
         for rank in ranks:
-            record_lost(self.store, self.keys, round_no, rank, EXITED if exited else SILENT)
+            self.record_lost(round_no, rank, EXITED if exited else SILENT)
         how = "refused presence connections" if exited else "stopped heartbeating"
         detail = (
             f"node rank(s) {', '.join(map(str, ranks))} of a full round {how} "
@@ -341,8 +432,8 @@ class Rendezvous:
         expected: int | None = None,
     ) -> RendezvousResult | None:
         """Arrive in an open round; None if we ended up waiting or the round died."""
-        index = self.store.take_ticket(round_key(self.keys, round_no, ARRIVALS)) - 1
-        self.store.set(
+        index = self._store.take_ticket(round_key(self.keys, round_no, ARRIVALS)) - 1
+        self._store.set(
             round_key(self.keys, round_no, NODE, index), json.dumps(self.node.to_json()).encode()
         )
         log.debug("round %d: arrived as index %d", round_no, index)
@@ -350,14 +441,14 @@ class Rendezvous:
             self._try_close(round_no, self.settings.max_nodes)
         closed_key = round_key(self.keys, round_no, CLOSED)
         min_reached_at: float | None = None
-        fallback = max(2 * self.settings.last_call, self.store.wait_slice)
+        fallback = max(2 * self.settings.last_call, self._store.wait_slice)
         while True:
-            raw = self.store.get(closed_key)
+            raw = self._store.get(closed_key)
             if raw is not None:
                 break
             decision = close_decision(
                 now=self._clock(),
-                arrivals=self.store.tickets(round_key(self.keys, round_no, ARRIVALS)),
+                arrivals=self._store.tickets(round_key(self.keys, round_no, ARRIVALS)),
                 settings=self.settings,
                 min_reached_at=min_reached_at,
                 fallback_wait=fallback,
@@ -365,10 +456,10 @@ class Rendezvous:
             )
             min_reached_at = decision.min_reached_at
             if decision.close:
-                arrivals = self.store.tickets(round_key(self.keys, round_no, ARRIVALS))
+                arrivals = self._store.tickets(round_key(self.keys, round_no, ARRIVALS))
                 self._try_close(round_no, min(arrivals, self.settings.max_nodes))
                 continue
-            self.store.wait([closed_key], min(decision.wait, self.store.wait_slice))
+            self._store.wait([closed_key], min(decision.wait, self._store.wait_slice))
             self._check_deadline(round_no, deadline, stop, joined=True)
         if self.stale_mark(round_no) is not None:
             return None
@@ -386,22 +477,22 @@ class Rendezvous:
     def _try_close(self, round_no: int, count: int) -> None:
         """Close the round with the first ``count`` arrivals (one writer wins)."""
         node_keys = [round_key(self.keys, round_no, NODE, i) for i in range(count)]
-        if not self.store.wait(node_keys, _DESCRIPTOR_WAIT):
+        if not self._store.wait(node_keys, _DESCRIPTOR_WAIT):
             # A joiner died between its add and its descriptor: admit the
             # contiguous prefix that did publish; the rest wait for round r+1.
             present = 0
             for key in node_keys:
-                if self.store.get(key) is None:
+                if self._store.get(key) is None:
                     break
                 present += 1
             count = present
             node_keys = node_keys[:count]
         nodes = []
         for key in node_keys:
-            raw = self.store.get(key)
+            raw = self._store.get(key)
             if raw is None:
                 raise StoreProtocolError(f"descriptor {key} vanished")
             nodes.append(NodeDescriptor.from_json(json.loads(raw)))
         value = encode_membership(rank_order(nodes), closer=self.node.node_id)
-        won = self.store.compare_set(round_key(self.keys, round_no, CLOSED), None, value) == value
+        won = self._store.compare_set(round_key(self.keys, round_no, CLOSED), None, value) == value
         log.debug("round %d: close with %d nodes, won=%s", round_no, count, won)

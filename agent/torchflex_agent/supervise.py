@@ -6,9 +6,11 @@ each round's workers; it then hands the group to
 ``RestartReason``: the agent re-forms) or raises ``AgentExitError`` with the
 process exit code. What to do on each observation is decided by
 ``restart_policy`` (pure); this module does the I/O of acting on it: the
-job-wide failure count and restart budget in the store, fencing (``fence``)
-when this member cannot prove it still is one, the lost members' pods in the
-report, and leaving on SIGTERM.
+job-wide failure count and restart budget, fencing (``fence``) when this
+member cannot prove it still is one, the lost members' pods in the report,
+and leaving on SIGTERM. Everything the round shares goes through the
+``Rendezvous``'s operations (``mark_finished``, ``report_failure``,
+``count_failure``, ``lost``...); this module names no store key.
 """
 
 from __future__ import annotations
@@ -23,14 +25,8 @@ from typing import NoReturn, assert_never
 from torchflex_agent.config import AgentConfig
 from torchflex_agent.errors import StoreUnavailableError
 from torchflex_agent.fence import Lease, reform_grace
-from torchflex_agent.liveness import (
-    SILENT,
-    LivenessSettings,
-    RoundMonitor,
-    probe_peers,
-    read_lost,
-)
-from torchflex_agent.rdzv_logic import RendezvousResult
+from torchflex_agent.liveness import LivenessSettings, RoundMonitor, probe_peers
+from torchflex_agent.rdzv_logic import SILENT, RendezvousResult
 from torchflex_agent.rendezvous import Rendezvous
 from torchflex_agent.restart_policy import (
     Action,
@@ -45,13 +41,6 @@ from torchflex_agent.restart_policy import (
 from torchflex_agent.workers import WorkerGroup, first_failure
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentState, RestartReason
-from torchflex_contract.store_keys import (
-    FAILURE,
-    FAILURE_COUNTED,
-    FINISHED,
-    RESTARTS,
-    round_key,
-)
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +117,7 @@ class RoundSupervisor:
             if action is Action.LEAVE:
                 self._leave(rdzv, result, group)
             if action is Action.SUCCEED:
-                rdzv.store.set(round_key(rdzv.keys, result.round, FINISHED, result.node_rank), b"1")
+                rdzv.mark_finished(result.round, result.node_rank)
                 rdzv.close_job("succeeded")
                 group.stop(0.0)
                 raise AgentExitError(ExitCode.SUCCESS)
@@ -136,7 +125,7 @@ class RoundSupervisor:
                 assert stale is not None
                 silent = False
                 if stale is RestartReason.MEMBER_LOST:
-                    lost = read_lost(rdzv.store, rdzv.keys, result.round)
+                    lost = rdzv.lost(result.round)
                     self._report_lost(result, lost)
                     if any(rank == result.node_rank for rank, _how in lost):
                         return self._fence(rdzv, result, group, "the group declared it lost")
@@ -194,21 +183,19 @@ class RoundSupervisor:
     ) -> RestartReason:
         log.warning("round %d: %s", result.round, message)
         self.update(message=message)
-        rdzv.store.set(
-            round_key(rdzv.keys, result.round, FAILURE, result.node_rank), message.encode()
-        )
+        rdzv.report_failure(result.round, result.node_rank, message)
         mark = probe_peers(rdzv, result, _FAILURE_PROBE_S, self.liveness)
         verdict = judge_failure(mark.reason if mark is not None else None)
         if verdict is FailureVerdict.COUNT:
-            claim = self.node_id.encode()
-            key = round_key(rdzv.keys, result.round, FAILURE_COUNTED)
-            if rdzv.store.compare_set(key, None, claim) != claim:
+            restarts = rdzv.count_failure(result.round)
+            if restarts is None:
                 verdict = FailureVerdict.COUNTED_ELSEWHERE
             else:
-                restarts = rdzv.store.add(rdzv.keys.key(RESTARTS), 1)
                 self.counted(restarts)
                 if budget_exhausted(restarts, self.config.max_restarts):
-                    message = root_cause(message, self._peer_failures(rdzv, result))
+                    # Peers probed already: a failure that hit several nodes
+                    # at once has had time to arrive.
+                    message = root_cause(message, rdzv.peer_failures(result))
                     text = (
                         f"worker failure after {restarts - 1} restarts "
                         f"(max {self.config.max_restarts}): {message}"
@@ -220,24 +207,11 @@ class RoundSupervisor:
                 rdzv.mark_stale(result.round, RestartReason.WORKER_FAILED, message)
         log.info("round %d: worker failure judged %s", result.round, verdict.value)
         if mark is not None and mark.reason is RestartReason.MEMBER_LOST:
-            self._report_lost(result, read_lost(rdzv.store, rdzv.keys, result.round))
+            self._report_lost(result, rdzv.lost(result.round))
         group.stop(self.config.stop_grace)
         if verdict is FailureVerdict.COLLATERAL and mark is not None:
             return mark.reason
         return RestartReason.WORKER_FAILED
-
-    @staticmethod
-    def _peer_failures(rdzv: Rendezvous, result: RendezvousResult) -> list[str]:
-        """What the other members reported for this round (probed already, so
-        a failure that hit several nodes at once has had time to arrive)."""
-        out = []
-        for rank in range(result.num_nodes):
-            if rank == result.node_rank:
-                continue
-            raw = rdzv.store.get(round_key(rdzv.keys, result.round, FAILURE, rank))
-            if raw:
-                out.append(raw.decode(errors="replace"))
-        return out
 
     def _leave(self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup) -> NoReturn:
         """SIGTERM: tell peers first (so their workers stop in step), then drain ours."""

@@ -43,9 +43,14 @@ from torchflex_agent.errors import (
     RendezvousTimeoutError,
     StoreUnavailableError,
 )
-from torchflex_agent.liveness import EXITED, SILENT, read_lost
 from torchflex_agent.presence_probe import refused
-from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousSettings, encode_membership
+from torchflex_agent.rdzv_logic import (
+    EXITED,
+    SILENT,
+    NodeDescriptor,
+    RendezvousSettings,
+    encode_membership,
+)
 from torchflex_agent.store_etcd import EtcdKVStore
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState, RestartReason
@@ -147,7 +152,7 @@ def test_waiters_end_a_full_round_whose_members_are_gone(backend: Backend, prese
     assert mark is not None and mark.reason is RestartReason.MEMBER_LOST
     how = EXITED if presence == "refused" else SILENT
     assert ("refused presence" if how == EXITED else "stopped heartbeating") in mark.detail
-    assert read_lost(check.store, check.keys, 0) == ((0, how), (1, how))
+    assert check.lost(0) == ((0, how), (1, how))
 
 
 @pytest.mark.timeout(120)

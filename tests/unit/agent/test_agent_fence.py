@@ -13,9 +13,14 @@ from torchflex_agent import fence
 from torchflex_agent.checkpoint import Checkpointer, CheckpointMeta, may_replace
 from torchflex_agent.fence import Lease, LeaseState, Verdict, judge, lease_duration, reform_grace
 from torchflex_agent.kvstore import MemoryStore
-from torchflex_agent.liveness import decode_lost, encode_lost, read_lost, record_lost
+from torchflex_agent.rdzv_logic import (
+    NodeDescriptor,
+    RendezvousSettings,
+    decode_lost,
+    encode_lost,
+)
+from torchflex_agent.rendezvous import Rendezvous
 from torchflex_contract import env as tfenv
-from torchflex_contract.store_keys import Keys
 
 
 @pytest.mark.parametrize(
@@ -157,12 +162,13 @@ def test_checkpointer_reads_a_checkpoint_without_metadata(tmp_path: Path) -> Non
 
 
 def test_lost_list_records_each_rank_once() -> None:
-    store, keys = MemoryStore(), Keys("job")
-    assert read_lost(store, keys, 3) == ()
-    record_lost(store, keys, 3, 1, "silent")
-    record_lost(store, keys, 3, 1, "exited")
-    record_lost(store, keys, 3, 2, "exited")
-    assert read_lost(store, keys, 3) == ((1, "silent"), (2, "exited"))
+    node = NodeDescriptor("n", "127.0.0.1", 1, 1)
+    rdzv = Rendezvous(MemoryStore(), "job", node, RendezvousSettings(1, 3, 0.1, 5))
+    assert rdzv.lost(3) == ()
+    rdzv.record_lost(3, 1, "silent")
+    rdzv.record_lost(3, 1, "exited")
+    rdzv.record_lost(3, 2, "exited")
+    assert rdzv.lost(3) == ((1, "silent"), (2, "exited"))
     assert decode_lost(encode_lost(((0, "x"),))) == ((0, "x"),)
     assert decode_lost(b"not json") == ()
     assert decode_lost(b'[{"rank": "a"}, 5, {"rank": 4}]') == ((4, ""),)
