@@ -1,0 +1,97 @@
+"""The import-linter contracts in pyproject.toml hold, and each one bites.
+
+`make lint` runs ``lint-imports`` over the tree; these tests run the same
+contracts from pytest, and also on the real import graph with one import
+added, to show each rule catches the import it is there for (a pure
+operator module reaching for kopf or the clock, directly or through a chain;
+the agent's decision module importing ``workers`` as ``restart_policy`` once
+did; an agent module other than ``rendezvous`` naming store keys). A
+contract weakened by a typo or an option would pass ``lint-imports``
+silently; here it fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+import grimp
+import pytest
+from importlinter import api
+from importlinter.contracts.forbidden import ForbiddenContract
+
+REPO = Path(__file__).resolve().parents[2]
+PURE_OPERATOR = "operator's pure layer (planner, spec, status, ...) does no I/O"
+API_CLIENT = "only kube talks to the API"
+PURE_AGENT = "agent's pure decisions spawn, signal and connect nothing"
+STORE_KEYS = "only the rendezvous reads and writes rendezvous keys"
+
+
+@functools.cache
+def _config() -> dict[str, Any]:
+    return api.read_configuration(str(REPO / "pyproject.toml"))
+
+
+@functools.cache
+def _graph() -> grimp.ImportGraph:
+    roots = _config()["session_options"]["root_packages"]
+    return grimp.build_graph(*roots, include_external_packages=True)
+
+
+def _names() -> list[str]:
+    return [c["name"] for c in _config()["contracts_options"]]
+
+
+def _kept(name: str, added: tuple[str, str] | None = None) -> bool:
+    """Check one contract on the tree's graph, with ``added`` (importer, imported) if given."""
+    options = next(c for c in _config()["contracts_options"] if c["name"] == name)
+    assert options["type"] == "forbidden", "only forbidden contracts are used here"
+    contract = ForbiddenContract(
+        name=name,
+        session_options=_config()["session_options"],
+        contract_options=options,
+    )
+    graph = copy.deepcopy(_graph())
+    if added is not None:
+        graph.add_import(importer=added[0], imported=added[1])
+    return contract.check(graph, verbose=False).kept
+
+
+def test_the_contracts_named_here_are_in_pyproject() -> None:
+    assert {PURE_OPERATOR, API_CLIENT, PURE_AGENT, STORE_KEYS} <= set(_names())
+
+
+@pytest.mark.parametrize("name", _names())
+def test_every_contract_is_kept_by_the_tree(name: str) -> None:
+    assert _kept(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "importer", "imported"),
+    [
+        (PURE_OPERATOR, "torchflex_operator.planner", "kopf"),
+        (PURE_OPERATOR, "torchflex_operator.status", "asyncio"),
+        (PURE_OPERATOR, "torchflex_operator.spec", "time"),
+        (PURE_OPERATOR, "torchflex_operator.builders", "torchflex_operator.kube"),
+        # Through a chain: the planner imports the contract's labels.
+        (PURE_OPERATOR, "torchflex_contract.labels", "subprocess"),
+        (API_CLIENT, "torchflex_operator.reconciler", "kubernetes"),
+        (PURE_AGENT, "torchflex_agent.restart_policy", "torchflex_agent.workers"),
+        (PURE_AGENT, "torchflex_agent.rdzv_logic", "subprocess"),
+        (PURE_AGENT, "torchflex_agent.rdzv_logic", "threading"),
+        (STORE_KEYS, "torchflex_agent.liveness", "torchflex_contract.store_keys"),
+        (STORE_KEYS, "torchflex_agent.supervise", "torchflex_contract.store_keys"),
+    ],
+)
+def test_each_contract_breaks_on_the_import_it_forbids(
+    name: str, importer: str, imported: str
+) -> None:
+    assert not _kept(name, (importer, imported))
+
+
+def test_the_rendezvous_itself_may_name_store_keys() -> None:
+    edge = ("torchflex_agent.rendezvous", "torchflex_contract.store_keys")
+    assert _graph().direct_import_exists(importer=edge[0], imported=edge[1])
+    assert _kept(STORE_KEYS, edge)
