@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes.client import ApiClient
@@ -23,8 +23,11 @@ from torchflex_operator.election import (
     released,
 )
 from torchflex_operator.errors import AccessDeniedError, ConflictError, NotLeaderError
+from torchflex_operator.handlers import register
 from torchflex_operator.kube import Kube
 from torchflex_operator.leader import Gate, LeaseGate
+from torchflex_operator.reconciler import Reconciler
+from torchflex_operator.settings import Settings
 
 T = Timing(15, 10.0, 2.0)
 EARLIER = NOW - dt.timedelta(hours=1)
@@ -359,3 +362,19 @@ def test_kube_refuses_every_write_but_the_leases_once_the_gate_is_closed() -> No
         return sent
 
     assert asyncio.run(scenario()) == ["update"]  # refused writes never left the process
+
+
+def test_kopfs_handlers_only_watch_so_a_standby_writes_nothing_through_kopf() -> None:
+    # kopf runs standalone on every replica. It writes to the API only for change-detecting
+    # handlers (progress annotations), daemons/timers, indexes and webhooks, and finalizers
+    # for deletion handlers; there are none, only watch-event handlers and lifecycle hooks.
+    registry = register(Reconciler(cast(Kube, object()), Settings()))
+    assert registry._changing.get_all_handlers() == []
+    assert registry._spawning.get_all_handlers() == []
+    assert registry._webhooks.get_all_handlers() == []
+    assert registry._indexing.get_all_handlers() == []
+    watching = {h.id.rsplit(".", 1)[-1] for h in registry._watching.get_all_handlers()}
+    assert watching == {"job_event", "pod_event", "service_event", "network_policy_event",
+                        "node_event"}  # fmt: skip
+    activities = {h.id.rsplit(".", 1)[-1] for h in registry._activities.get_all_handlers()}
+    assert activities == {"login", "startup", "cleanup"}
