@@ -5,7 +5,10 @@ after each read; the liveness watcher uses ``ProgressTracker``. Nothing here
 touches a store, a clock or a thread, so every rule is table-tested in
 ``tests/unit/agent``. The rules are those of torchelastic's rendezvous
 (barrier, exclusivity, consistency, last call) expressed over an arrival
-counter instead of a versioned state blob.
+counter instead of a versioned state blob. The codecs of the values
+``rendezvous`` stores (membership, stale mark, lost list) live here too.
+"Nothing here touches a store, a clock or a thread" is an import-linter
+contract in ``pyproject.toml``, not only this sentence.
 """
 
 from __future__ import annotations
