@@ -4,8 +4,9 @@ Where it sits: a check over the source tree (no cluster; it imports the
 vocabulary modules and reads the rest as text and syntax trees). The words
 are the operator's status and Event words (``torchflex_operator.vocabulary``)
 and the contract's names (API names, labels, annotations, env variables, the
-agent's states and restart reasons, exit codes).
-Product code (operator, agent, the e2e harness) names them through their
+agent's states and restart reasons, exit codes, store keys); docs/api.md and
+docs/agent.md list them as the code does. Product code (operator, agent, the
+e2e harness) names them through their
 enums and constants; tests may spell a word out where they check the wire
 format, so tests are not scanned.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from e2e.cluster.layout import REPO_ROOT
-from torchflex_contract import env, exit_codes, labels, progress
+from torchflex_contract import env, exit_codes, labels, progress, store_keys
 from torchflex_operator import vocabulary
 
 STATUS_WORDS: tuple[type[enum.StrEnum], ...] = (
@@ -141,6 +142,22 @@ def test_docs_exit_code_table_is_the_contracts() -> None:
     for row in rows:
         if row[0].isdigit():
             assert _TREATMENT[row[3]] is exit_codes.disposition(int(row[0])), row
+
+
+def test_docs_key_table_names_every_store_key() -> None:
+    """docs/agent.md's key table: job-wide keys as they are, per-round ones under
+    ``rdzv/round/<r>/``, a trailing ``/<rank>``-like segment left off."""
+    cells = [r[0] for r in _doc_table("agent.md", "## Rendezvous protocol")]
+    keys = set()
+    for cell in cells:
+        path = cell.strip("`").removeprefix(f"{store_keys.ROUND}/<r>/")
+        keys.add(re.sub(r"/<[a-z]+>$", "", path))
+    defined = {
+        v
+        for k, v in vars(store_keys).items()
+        if k.isupper() and isinstance(v, str) and k not in ("ROOT", "ROUND")
+    }
+    assert keys == defined
 
 
 def test_every_word_is_used_by_product_code() -> None:
