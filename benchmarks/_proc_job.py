@@ -20,14 +20,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks._proc_logs import StepLine, parse_steps, pick_victim
 from e2e.kubelet import records
-from e2e.localproc import free_port
+from e2e.localproc import LineLog, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -55,33 +54,14 @@ def signal_tree(pid: int, sig: signal.Signals) -> None:
             os.kill(p, sig)
 
 
-class Lines:
-    """A process's merged output, collected by a thread with arrival wall times."""
+class Lines(LineLog):
+    """A launcher's merged output; lines carry wall time, as the workers' step lines do."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], name: str) -> None:
-        self.proc = proc
-        self.name = name
-        self._lines: list[tuple[float, str]] = []
-        self._lock = threading.Lock()
-        assert proc.stdout is not None
-        self._thread = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, stream: object) -> None:
-        for raw in iter(stream.readline, b""):  # type: ignore[attr-defined]
-            with self._lock:
-                self._lines.append((time.time(), raw.decode(errors="replace").rstrip("\n")))
-
-    def lines(self) -> list[str]:
-        with self._lock:
-            return [line for _, line in self._lines]
-
-    def timed(self) -> list[tuple[float, str]]:
-        with self._lock:
-            return list(self._lines)
+    def __init__(self, proc: subprocess.Popen[str], name: str) -> None:
+        super().__init__(proc, name, clock=time.time)
 
     def steps(self) -> list[StepLine]:
-        return parse_steps(self.lines())
+        return parse_steps(self.texts())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,32 +84,30 @@ def wait_until(pred: Callable[[], bool], timeout: float, poll: float = 0.05) -> 
     return pred()
 
 
+def _run_id() -> str:
+    return f"bench-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+
+
+@dataclasses.dataclass(eq=False)
 class ProcJob:
     """One elastic job of real launcher processes; ``close()`` kills all it started."""
 
-    def __init__(
-        self,
-        flavor: Flavor,
-        workdir: Path,
-        *,
-        nnodes: str = "2:3",
-        step_time: float = 0.1,
-        ckpt_every: int = 10,
-        sigterm_hook: bool = True,
-        agent_args: Sequence[str] = (),
-    ) -> None:
-        self.flavor = flavor
-        self.workdir = workdir
-        self.nnodes = nnodes
-        self.step_time = step_time
-        self.ckpt_every = ckpt_every
-        self.sigterm_hook = sigterm_hook
-        self.agent_args = list(agent_args)
-        self.run_id = f"bench-{os.getpid()}-{time.monotonic_ns() % 10**9}"
-        self.port = free_port()
-        self.ckpt = workdir / "ckpt"
-        self.store: Lines | None = None
-        self.nodes: list[Lines] = []
+    flavor: Flavor
+    workdir: Path
+    _: dataclasses.KW_ONLY
+    nnodes: str = "2:3"
+    step_time: float = 0.1
+    ckpt_every: int = 10
+    sigterm_hook: bool = True
+    agent_args: Sequence[str] = ()
+    run_id: str = dataclasses.field(init=False, default_factory=_run_id)
+    port: int = dataclasses.field(init=False, default_factory=free_port)
+    store: Lines | None = dataclasses.field(init=False, default=None)
+    nodes: list[Lines] = dataclasses.field(init=False, default_factory=list)
+
+    @property
+    def ckpt(self) -> Path:
+        return self.workdir / "ckpt"
 
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHFLEX_")}
@@ -160,6 +138,8 @@ class ProcJob:
             env=env,
             cwd=REPO,
             start_new_session=True,
+            text=True,
+            errors="replace",
         )
         return Lines(proc, name)
 
@@ -168,8 +148,8 @@ class ProcJob:
             return  # torchrun's node 0 hosts its rendezvous store
         cmd = [AGENT_BIN, "store", "--host", "127.0.0.1", "--port", str(self.port)]
         self.store = self._spawn(cmd, "store", self._env())
-        if not wait_until(lambda: any("listening on" in x for x in self.store.lines()), 60):  # type: ignore[union-attr]
-            raise RuntimeError("store did not start: " + "\n".join(self.store.lines()[-10:]))
+        if not wait_until(lambda: any("listening on" in x for x in self.store.texts()), 60):  # type: ignore[union-attr]
+            raise RuntimeError("store did not start: " + "\n".join(self.store.texts()[-10:]))
 
     def start_node(self) -> Lines:
         i = len(self.nodes)

@@ -39,7 +39,7 @@ from benchmarks._proc_logs import (
     resumed_steps,
     steps_lost,
 )
-from benchmarks.cli import BenchCli, subset
+from benchmarks.cli import BenchCli
 from benchmarks.report import markdown_table, summarize
 
 CASES = ("torchflex", "torchflex-nohook", "torchrun-tuned", "torchrun-tuned-nohook")
@@ -89,7 +89,7 @@ def run_trial(case: str, workdir: Path) -> Trial:
                 else f"no re-formed group within {_REFORM_TIMEOUT:.0f} s"
             )
             if flavor.is_torchrun and all(
-                any(_STOPPED_TOO in line for line in n.lines()) for n in survivors
+                any(_STOPPED_TOO in line for line in n.texts()) for n in survivors
             ):
                 trial.problem += (
                     "; the survivors' workers stopped cleanly with the leaver, which"
@@ -104,7 +104,7 @@ def run_trial(case: str, workdir: Path) -> Trial:
             for n in survivors
             for r in resumed_steps(line for t, line in n.timed() if t > termed_at)
         ]
-        first_new = min(s.step for n in survivors for s in parse_steps(n.lines()) if s.world == 2)
+        first_new = min(s.step for n in survivors for s in parse_steps(n.texts()) if s.world == 2)
         resumed_from = min(resumed) if resumed else first_new - 1
         trial.steps_lost = steps_lost(last_done, resumed_from)
         return trial
@@ -170,8 +170,7 @@ Every process of the job shares the machine's cores (see the machine line);
 def main(argv: list[str] | None = None) -> int:
     cli = BenchCli("preemption", __doc__, quick_help="1 run each",
                    reps_help="runs per case (default 5, 3 torchrun)")  # fmt: skip
-    cli.add_argument("--cases", type=subset(CASES), default=",".join(CASES),
-                     help="comma-separated subset")  # fmt: skip
+    cli.add_subset("--cases", CASES)
     bench = cli.parse(argv)
     trials: list[Trial] = []
     with tempfile.TemporaryDirectory(prefix="tf-preempt-") as tmp:

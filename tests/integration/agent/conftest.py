@@ -1,5 +1,6 @@
 """Fixtures for the agent's integration tests: real store server, real etcd,
-and ``backend``, which runs a test once per ``KVStore`` implementation."""
+``backend``, which runs a test once per ``KVStore`` implementation, and
+``job``, a store and agents as real processes (``tfagent_helpers.Job``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from e2e.localproc import stop_process
-from tests.integration.agent.tfagent_helpers import start_etcd, start_store
+from tests.integration.agent.tfagent_helpers import Job, start_etcd, start_store
 from torchflex_agent.kvstore import KVStore, MemoryStore
 
 
@@ -22,6 +23,16 @@ class Backend:
     name: str
     connect: Callable[[], KVStore]
     port: int = 0
+
+
+@pytest.fixture()
+def job(tmp_path: Path) -> Iterator[Job]:
+    """A job's processes (store, etcd, agents), all stopped by PID afterwards."""
+    j = Job(tmp_path)
+    try:
+        yield j
+    finally:
+        j.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -28,16 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.localproc import free_port, stop_process
+from e2e.localproc import LineLog, free_port, stop_process
 from tests.integration.agent.conftest import Backend
-from tests.integration.agent.test_agent_processes import Job
 from tests.integration.agent.test_rendezvous_contract import join_all, make_rdzv, pulse
-from tests.integration.agent.tfagent_helpers import (
-    AGENT_BIN,
-    PYTHON,
-    LineLog,
-    child_env,
-)
+from tests.integration.agent.tfagent_helpers import AGENT_BIN, PYTHON, Job, spawn
 from torchflex_agent.errors import (
     JobFailedError,
     RendezvousTimeoutError,
@@ -60,15 +53,6 @@ JOIN_TIMEOUT = 300.0
 """Far above every bound asserted here: a test that waits it out has failed."""
 PROMPT_S = 15.0
 """Liveness bound (not a speed target) for 'at once' on a loaded 2-core machine."""
-
-
-@pytest.fixture()
-def job(tmp_path: Path) -> Iterator[Job]:
-    j = Job(tmp_path)
-    try:
-        yield j
-    finally:
-        j.close()
 
 
 @contextlib.contextmanager
@@ -254,11 +238,8 @@ def test_bad_command_with_an_unreachable_store_still_fails_fast(tmp_path: Path) 
         "--rdzv-id", "bad-unreachable", "--rdzv-join-timeout", "inf", "--health-port", "0",
         "--", "nosuchcmd-7f3a",
     ]  # fmt: skip
-    env = child_env({"TORCHFLEX_TERMINATION_LOG": str(report_path)})
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    log = LineLog(proc, "agent")
+    log = spawn(cmd, "agent", {"TORCHFLEX_TERMINATION_LOG": str(report_path)})
+    proc = log.proc
     try:
         code = proc.wait(60)
     finally:
@@ -287,11 +268,7 @@ def _start_unreachable(
         "--prewarm", "off",
         "--", PYTHON, "-c", "pass",
     ]  # fmt: skip
-    env = child_env({"TORCHFLEX_TERMINATION_LOG": str(report)})
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    return LineLog(proc, f"agent-{backend}"), report
+    return spawn(cmd, f"agent-{backend}", {"TORCHFLEX_TERMINATION_LOG": str(report)}), report
 
 
 _CAUSES = {

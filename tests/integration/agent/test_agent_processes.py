@@ -11,138 +11,29 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
 
-from e2e.localproc import free_port, stop_process
+from e2e.localproc import LineLog
 from tests.integration.agent.tfagent_helpers import (
-    AGENT_BIN,
-    EXAMPLE,
     PYTHON,
-    LineLog,
-    child_env,
-    start_etcd,
-    start_store,
+    Job,
+    node_rank,
+    pid_alive,
+    preempt,
+    steps_of,
+    worker_pids,
 )
 from torchflex_contract.exit_codes import ExitCode
-from torchflex_contract.progress import AgentReport, AgentState
+from torchflex_contract.progress import AgentState
 
 FAILING = str(Path(__file__).with_name("failing_train.py"))
 FAIL_ONCE = str(Path(__file__).with_name("fail_once.py"))
 FAIL_IN_TURN = str(Path(__file__).with_name("fail_in_turn.py"))
-STEP = re.compile(r"^\[rank (\d+)\] step=(\d+) .*world=(\d+)")
-
-
-class Job:
-    """A store process plus N agents sharing one run id; cleans up by PID."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.run_id = f"it-{uuid.uuid4().hex[:8]}"
-        self.ckpt = tmp / "ckpt"
-        self.store: subprocess.Popen[str] | None = None
-        self.etcd: subprocess.Popen[bytes] | None = None
-        self.port = 0
-        self.backend = "c10d"
-        self.agents: list[LineLog] = []
-
-    def start_store(self, port: int = 0) -> None:
-        self.store, self.port, _ = start_store(port)
-
-    def start_etcd(self, data_dir: Path, client: int = 0, peer: int = 0) -> int:
-        """A real etcd as the rendezvous backend; returns its peer port (to restart in place)."""
-        peer = peer or free_port()
-        self.etcd, self.port = start_etcd(data_dir, client=client or self.port, peer=peer)
-        self.backend = "etcd"
-        return peer
-
-    def start_agent(
-        self, script_args: list[str], nnodes: str, extra: list[str] | None = None
-    ) -> LineLog:
-        i = len(self.agents)
-        cmd = [
-            AGENT_BIN,
-            "--nnodes", nnodes,
-            "--nproc-per-node", "1",
-            "--rdzv-backend", self.backend,
-            "--rdzv-endpoint", f"127.0.0.1:{self.port}",
-            "--rdzv-id", self.run_id,
-            "--rdzv-last-call", "0.5",
-            "--rdzv-join-timeout", "60",
-            "--health-port", "0",
-            "--node-addr", "127.0.0.1",
-            "--termination-grace", "15",
-            *(extra or []),
-            "--",
-            *script_args,
-        ]  # fmt: skip
-        env = child_env({"TORCHFLEX_TERMINATION_LOG": str(self.tmp / f"termination-{i}.log")})
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        log = LineLog(proc, f"agent{i}")
-        self.agents.append(log)
-        return log
-
-    def train_args(self, steps: int = 400) -> list[str]:
-        return [PYTHON, EXAMPLE, "--steps", str(steps), "--step-time", "0.1",
-                "--ckpt-dir", str(self.ckpt), "--ckpt-every", "5"]  # fmt: skip
-
-    def termination_report(self, i: int) -> AgentReport:
-        return AgentReport.from_json((self.tmp / f"termination-{i}.log").read_text())
-
-    def close(self) -> None:
-        for a in self.agents:
-            stop_process(a.proc, grace=20)
-        if self.store is not None:
-            stop_process(self.store)
-        if self.etcd is not None:
-            stop_process(self.etcd)
-
-
-@pytest.fixture()
-def job(tmp_path: Path) -> Iterator[Job]:
-    j = Job(tmp_path)
-    try:
-        yield j
-    finally:
-        j.close()
-
-
-def steps_of(log: LineLog, after: float = 0.0) -> list[tuple[float, int, int]]:
-    """(time, step, world) of this agent's step lines."""
-    out = []
-    for t, m in log.matching(STEP.pattern):
-        if t >= after:
-            out.append((t, int(m.group(2)), int(m.group(3))))
-    return out
-
-
-def node_rank(log: LineLog) -> int:
-    _, line = log.wait_for(lambda s: "node rank" in s, 5)
-    m = re.search(r"node rank (\d+)", line)
-    assert m
-    return int(m.group(1))
-
-
-def pid_alive(pid: int, wait: float) -> bool:
-    """Whether ``pid`` still exists (not a zombie) after up to ``wait`` seconds."""
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        try:
-            status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except OSError:
-            return False
-        if status == "Z":
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def checkpoint_step(job: Job) -> int:
@@ -154,6 +45,14 @@ def world_line(world: int) -> re.Pattern[str]:
     return re.compile(rf"step=\d+ .*world={world} ")
 
 
+def reformed_after(logs: Sequence[LineLog], lost_at: float) -> None:
+    """Every agent saw its store go, resumed from the checkpoint and trains at world size 2."""
+    for log in logs:
+        log.wait_for(lambda s: "StoreLost" in s, 30, after=lost_at)
+        log.wait_for(lambda s: "resumed from step=" in s, 60, after=lost_at)
+        log.wait_for(lambda s: world_line(2).search(s) is not None, 60, after=lost_at)
+
+
 @pytest.mark.timeout(150)
 def test_sigkill_one_agent_survivors_resume_from_same_step(job: Job) -> None:
     job.start_store()
@@ -163,10 +62,7 @@ def test_sigkill_one_agent_survivors_resume_from_same_step(job: Job) -> None:
     victim = next(log for log in logs if node_rank(log) != 0)
     survivors = [log for log in logs if log is not victim]
     rank0 = next(log for log in survivors if node_rank(log) == 0)
-    victim_pids = [
-        int(p)
-        for p in re.findall(r"\d+", victim.wait_for(lambda s: "pids" in s, 5)[1].split("pids")[1])
-    ]
+    victim_pids = worker_pids(victim)
     killed_at = time.monotonic()
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait(10)
@@ -200,10 +96,7 @@ def test_sigkill_one_agent_survivors_resume_from_same_step(job: Job) -> None:
         f"reformed_s={formed - killed_at:.2f} resumed_at_step={first_after}"
     )
     # Finish cleanly: preempt the survivors.
-    for log in survivors:
-        log.proc.send_signal(signal.SIGTERM)
-    for log in survivors:
-        assert log.proc.wait(40) == ExitCode.PREEMPTED
+    assert preempt(survivors, 40) == [ExitCode.PREEMPTED] * 2
 
 
 @pytest.mark.timeout(150)
@@ -213,10 +106,7 @@ def test_sigterm_preempts_with_checkpoint(job: Job) -> None:
     for log in logs:
         log.wait_for(lambda s: "step=7 " in s, 90)
     termed_at = time.monotonic()
-    for log in logs:
-        log.proc.send_signal(signal.SIGTERM)
-    codes = [log.proc.wait(40) for log in logs]
-    assert codes == [ExitCode.PREEMPTED] * 2
+    assert preempt(logs, 40) == [ExitCode.PREEMPTED] * 2
     last_step = max(step for log in logs for _, step, _ in steps_of(log))
     # The workers finished the step in flight and saved it: nothing lost.
     assert checkpoint_step(job) == last_step
@@ -233,22 +123,12 @@ def test_store_restart_agents_reform(job: Job) -> None:
     logs = [job.start_agent(job.train_args(), "2:2") for _ in range(2)]
     for log in logs:
         log.wait_for(lambda s: "step=6 " in s, 90)
-    assert job.store is not None
-    port = job.port
-    job.store.send_signal(signal.SIGKILL)
-    job.store.wait(10)
-    lost_at = time.monotonic()
+    lost_at = job.kill_store()
     time.sleep(1.0)  # the store pod takes a moment to come back
-    job.start_store(port)
-    for log in logs:
-        log.wait_for(lambda s: "StoreLost" in s, 30, after=lost_at)
-        log.wait_for(lambda s: "resumed from step=" in s, 60, after=lost_at)
-        log.wait_for(lambda s: world_line(2).search(s) is not None, 60, after=lost_at)
-    for log in logs:
-        assert log.proc.poll() is None
-        log.proc.send_signal(signal.SIGTERM)
-    for log in logs:
-        assert log.proc.wait(40) == ExitCode.PREEMPTED
+    job.start_store(job.port)
+    reformed_after(logs, lost_at)
+    assert all(log.proc.poll() is None for log in logs)
+    assert preempt(logs, 40) == [ExitCode.PREEMPTED] * 2
 
 
 @pytest.mark.timeout(150)
@@ -309,24 +189,15 @@ def test_etcd_restart_agents_reform(job: Job, tmp_path: Path, keep_data: bool) -
     logs = [job.start_agent(job.train_args(), "2:2") for _ in range(2)]
     for log in logs:
         log.wait_for(lambda s: "step=6 " in s, 90)
-    assert job.etcd is not None
-    job.etcd.send_signal(signal.SIGKILL)
-    job.etcd.wait(10)
-    lost_at = time.monotonic()
+    lost_at = job.kill_store()
     time.sleep(1.0)
     job.start_etcd(data if keep_data else tmp_path / "etcd-fresh", client=job.port, peer=peer)
-    for log in logs:
-        log.wait_for(lambda s: "StoreLost" in s, 30, after=lost_at)
-        log.wait_for(lambda s: "resumed from step=" in s, 60, after=lost_at)
-        log.wait_for(lambda s: world_line(2).search(s) is not None, 60, after=lost_at)
+    reformed_after(logs, lost_at)
     rounds = {int(m.group(1)) for log in logs for t, m in log.matching(r"round (\d+): node rank")
               if t > lost_at}  # fmt: skip
     assert len(rounds) == 1, f"the agents re-formed in different rounds: {rounds}"
-    for log in logs:
-        assert log.proc.poll() is None
-        log.proc.send_signal(signal.SIGTERM)
-    for log in logs:
-        assert log.proc.wait(40) == ExitCode.PREEMPTED
+    assert all(log.proc.poll() is None for log in logs)
+    assert preempt(logs, 40) == [ExitCode.PREEMPTED] * 2
 
 
 @pytest.mark.timeout(180)
@@ -336,13 +207,9 @@ def test_restart_count_survives_store_restart(job: Job) -> None:
     logs = [job.start_agent([PYTHON, FAIL_ONCE], "2:2") for _ in range(2)]
     for log in logs:
         log.wait_for(lambda s: "running restart_count=1" in s, 90)
-    assert job.store is not None
-    port = job.port
-    job.store.send_signal(signal.SIGKILL)
-    job.store.wait(10)
-    lost_at = time.monotonic()
+    lost_at = job.kill_store()
     time.sleep(0.5)
-    job.start_store(port)
+    job.start_store(job.port)
     for log in logs:
         log.wait_for(lambda s: "StoreLost" in s, 30, after=lost_at)
         # Workers of the re-formed group see the count from before the
@@ -351,6 +218,4 @@ def test_restart_count_survives_store_restart(job: Job) -> None:
     for log in logs:
         assert not [m for t, m in log.matching(r"restart_count=0") if t > lost_at]
         assert log.proc.poll() is None
-        log.proc.send_signal(signal.SIGTERM)
-    for log in logs:
-        assert log.proc.wait(40) == ExitCode.PREEMPTED
+    assert preempt(logs, 40) == [ExitCode.PREEMPTED] * 2

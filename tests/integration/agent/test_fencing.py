@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,13 +24,15 @@ from pathlib import Path
 import pytest
 
 from e2e.kubelet import records
-from e2e.localproc import free_port
-from tests.integration.agent.test_agent_processes import Job, node_rank, pid_alive, steps_of
+from e2e.localproc import LineLog, free_port
 from tests.integration.agent.tfagent_helpers import (
-    AGENT_BIN,
     PYTHON,
-    LineLog,
-    child_env,
+    Job,
+    node_rank,
+    pid_alive,
+    preempt,
+    steps_of,
+    worker_pids,
 )
 from torchflex_agent.checkpoint import CheckpointMeta
 from torchflex_contract.exit_codes import ExitCode
@@ -50,33 +51,10 @@ class FenceJob(Job):
         self.frozen: list[int] = []
         """Processes this test stopped with SIGSTOP: woken before teardown stops them."""
 
-    def start_agent(
-        self, script_args: list[str], nnodes: str, extra: list[str] | None = None
-    ) -> LineLog:
-        i = len(self.agents)
+    def agent_options(self, i: int) -> tuple[int, dict[str, str]]:
         port = free_port()
-        cmd = [
-            AGENT_BIN, "--nnodes", nnodes, "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
-            "--rdzv-id", self.run_id, "--rdzv-last-call", "0.5", "--rdzv-join-timeout", "60",
-            "--health-port", str(port), "--health-host", "127.0.0.1",
-            "--node-addr", "127.0.0.1", "--termination-grace", "15", *(extra or []),
-            "--", *script_args,
-        ]  # fmt: skip
-        env = child_env(
-            {
-                "TORCHFLEX_TERMINATION_LOG": str(self.tmp / f"termination-{i}.log"),
-                "TORCHFLEX_POD_NAME": f"pod-{i}",
-                "FINAL_PATH": str(self.tmp / "final-model"),
-            }
-        )
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-        )
-        log = LineLog(proc, f"agent{i}")
-        self.agents.append(log)
         self.health.append(port)
-        return log
+        return port, {"TORCHFLEX_POD_NAME": f"pod-{i}", "FINAL_PATH": str(self.tmp / "final-model")}
 
     def status(self, i: int) -> AgentReport:
         url = f"http://127.0.0.1:{self.health[i]}/status"
@@ -128,10 +106,7 @@ def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
     # Freeze node rank 0: its worker is global rank 0, the one that saves.
     victim = next(log for log in logs if node_rank(log) == 0)
     survivors = [log for log in logs if log is not victim]
-    victim_workers = [
-        int(p)
-        for p in re.findall(r"\d+", victim.wait_for(lambda s: "pids" in s, 5)[1].split("pids")[1])
-    ]
+    victim_workers = worker_pids(victim)
     fjob.frozen = records.process_tree(victim.proc.pid)
     signal_all(fjob.frozen, signal.SIGSTOP)
     frozen_at = time.monotonic()
@@ -178,10 +153,7 @@ def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
         f"\nFROZEN detected_s={detected - frozen_at:.2f} frozen_step={frozen_step} "
         f"ckpt_before_wake={before_wake} ckpt_after={after}"
     )
-    for log in logs:
-        log.proc.send_signal(signal.SIGTERM)
-    for log in logs:
-        assert log.proc.wait(60) == ExitCode.PREEMPTED
+    assert preempt(logs, 60) == [ExitCode.PREEMPTED] * len(logs)
 
 
 @pytest.mark.timeout(240)
@@ -229,10 +201,7 @@ def test_workers_of_a_frozen_agent_fence_themselves(fjob: FenceJob) -> None:
     keys = [(m.round, m.step) for m in landed]
     assert keys == sorted(keys), keys
     print(f"\nFROZEN_AGENT refused: {refused!r}; checkpoints seen: {keys}")
-    for log in logs:
-        log.proc.send_signal(signal.SIGTERM)
-    for log in logs:
-        assert log.proc.wait(60) == ExitCode.PREEMPTED
+    assert preempt(logs, 60) == [ExitCode.PREEMPTED] * len(logs)
 
 
 @pytest.mark.timeout(240)
@@ -263,10 +232,7 @@ def test_frozen_store_detected_reported_and_training_resumes(fjob: FenceJob) -> 
         lambda: not any(fjob.status(i).store_error for i in range(2)), 30, "store_error cleared"
     )
     print(f"\nSTORE_FROZEN detected_s={seen - frozen_at:.2f} (op deadline 2 s)")
-    for log in logs:
-        log.proc.send_signal(signal.SIGTERM)
-    for log in logs:
-        assert log.proc.wait(60) == ExitCode.PREEMPTED
+    assert preempt(logs, 60) == [ExitCode.PREEMPTED] * len(logs)
 
 
 @pytest.mark.timeout(180)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agent.test_agent_processes import pid_alive
+from tests.integration.agent.tfagent_helpers import pid_alive
 from torchflex_agent.prewarm import ForkedProc, ForkServer, python_launch
 from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult
 from torchflex_agent.restart_policy import GroupState

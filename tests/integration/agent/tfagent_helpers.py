@@ -1,23 +1,26 @@
 """Process helpers for the agent's integration tests: store server, etcd, agents.
 
 Where it sits: imported by the test modules in this folder (pytest puts the
-folder on ``sys.path``). Every process started here is started by the test,
-tracked by PID, and stopped by PID in the fixture's teardown; every wait is
-bounded. Network: 127.0.0.1 only.
+folder on ``sys.path``); a process's output lines are read with
+``e2e.localproc.LineLog``, as the benchmarks read theirs. Every process started
+here is started by the test, tracked by PID, and stopped by PID in the
+fixture's teardown; every wait is bounded. Network: 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
-from e2e.localproc import free_port, stop_process
+from e2e.localproc import LineLog, free_port, stop_process
+from torchflex_contract.progress import AgentReport
 
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
@@ -25,6 +28,7 @@ AGENT_BIN = str(VENV_BIN / "torchflex-agent")
 PYTHON = sys.executable
 EXAMPLE = str(REPO / "examples" / "train_elastic.py")
 ETCD_BUILD = REPO / "e2e" / "toolchain" / "build.sh"
+STEP = re.compile(r"^\[rank (\d+)\] step=(\d+) .*world=(\d+)")
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -38,74 +42,22 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-class LineLog:
-    """Collects a process's output lines with arrival times (monotonic) in a thread."""
-
-    def __init__(self, proc: subprocess.Popen[str], name: str) -> None:
-        self.proc = proc
-        self.name = name
-        self.lines: list[tuple[float, str]] = []
-        self._cond = threading.Condition()
-        assert proc.stdout is not None
-        self._thread = threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, stream: Iterator[str]) -> None:
-        for line in stream:
-            with self._cond:
-                self.lines.append((time.monotonic(), line.rstrip("\n")))
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_for(
-        self, pred: Callable[[str], bool], timeout: float, after: float = 0.0
-    ) -> tuple[float, str]:
-        """First line at or after ``after`` matching ``pred``; AssertionError on timeout."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for t, line in self.lines:
-                    if t >= after and pred(line):
-                        return t, line
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    tail = "\n".join(f"  {line}" for _, line in self.lines[-40:])
-                    raise AssertionError(
-                        f"{self.name}: no matching line in {timeout}s; tail:\n{tail}"
-                    )
-                self._cond.wait(left)
-
-    def text(self) -> str:
-        with self._cond:
-            return "\n".join(line for _, line in self.lines)
-
-    def matching(self, pattern: str) -> list[tuple[float, re.Match[str]]]:
-        rx = re.compile(pattern)
-        with self._cond:
-            out = []
-            for t, line in self.lines:
-                m = rx.search(line)
-                if m:
-                    out.append((t, m))
-            return out
+def spawn(cmd: list[str], name: str, env: dict[str, str] | None = None) -> LineLog:
+    """``cmd`` with its merged output read line by line; ``env`` on top of :func:`child_env`."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(env)
+    )
+    return LineLog(proc, name)
 
 
 def start_store(port: int = 0, timeout: float = 60.0) -> tuple[subprocess.Popen[str], int, LineLog]:
-    proc = subprocess.Popen(
-        [AGENT_BIN, "store", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=child_env(),
-    )
-    log = LineLog(proc, "store")
+    log = spawn([AGENT_BIN, "store", "--host", "127.0.0.1", "--port", str(port)], "store")
     try:
         _, line = log.wait_for(lambda s: "listening on" in s, timeout)
     except AssertionError:
-        stop_process(proc)
+        stop_process(log.proc)
         raise
-    return proc, int(line.rsplit(":", 1)[1]), log
+    return log.proc, int(line.rsplit(":", 1)[1]), log
 
 
 def etcd_binary() -> str:
@@ -148,3 +100,128 @@ def start_etcd(
         stop_process(proc)
         raise
     return proc, client
+
+
+class Job:
+    """A store process (or an etcd) plus N agents sharing one run id; cleans up by PID."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.run_id = f"it-{uuid.uuid4().hex[:8]}"
+        self.ckpt = tmp / "ckpt"
+        self.store: subprocess.Popen[str] | None = None
+        self.etcd: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.backend = "c10d"
+        self.agents: list[LineLog] = []
+
+    def start_store(self, port: int = 0) -> None:
+        self.store, self.port, _ = start_store(port)
+
+    def start_etcd(self, data_dir: Path, client: int = 0, peer: int = 0) -> int:
+        """A real etcd as the rendezvous backend; returns its peer port (to restart in place)."""
+        peer = peer or free_port()
+        self.etcd, self.port = start_etcd(data_dir, client=client or self.port, peer=peer)
+        self.backend = "etcd"
+        return peer
+
+    def kill_store(self) -> float:
+        """SIGKILL the store (or etcd) and reap it; the monotonic time it was gone."""
+        proc = self.etcd if self.backend == "etcd" else self.store
+        assert proc is not None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        return time.monotonic()
+
+    def agent_options(self, i: int) -> tuple[int, dict[str, str]]:
+        """Agent ``i``'s health port (0: none published) and its extra environment."""
+        return 0, {}
+
+    def start_agent(
+        self, script_args: list[str], nnodes: str, extra: list[str] | None = None
+    ) -> LineLog:
+        """Agent ``i`` with its termination log ``termination-<i>.log``; a health port from
+        :meth:`agent_options` serves ``/status`` on 127.0.0.1."""
+        i = len(self.agents)
+        health_port, env = self.agent_options(i)
+        health = ["--health-port", str(health_port)]
+        if health_port:
+            health += ["--health-host", "127.0.0.1"]
+        cmd = [
+            AGENT_BIN,
+            "--nnodes", nnodes,
+            "--nproc-per-node", "1",
+            "--rdzv-backend", self.backend,
+            "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+            "--rdzv-id", self.run_id,
+            "--rdzv-last-call", "0.5",
+            "--rdzv-join-timeout", "60",
+            *health,
+            "--node-addr", "127.0.0.1",
+            "--termination-grace", "15",
+            *(extra or []),
+            "--",
+            *script_args,
+        ]  # fmt: skip
+        termination = {"TORCHFLEX_TERMINATION_LOG": str(self.tmp / f"termination-{i}.log")}
+        log = spawn(cmd, f"agent{i}", {**termination, **env})
+        self.agents.append(log)
+        return log
+
+    def train_args(self, steps: int = 400) -> list[str]:
+        return [PYTHON, EXAMPLE, "--steps", str(steps), "--step-time", "0.1",
+                "--ckpt-dir", str(self.ckpt), "--ckpt-every", "5"]  # fmt: skip
+
+    def termination_report(self, i: int) -> AgentReport:
+        return AgentReport.from_json((self.tmp / f"termination-{i}.log").read_text())
+
+    def close(self) -> None:
+        for a in self.agents:
+            stop_process(a.proc, grace=20)
+        if self.store is not None:
+            stop_process(self.store)
+        if self.etcd is not None:
+            stop_process(self.etcd)
+
+
+def steps_of(log: LineLog, after: float = 0.0) -> list[tuple[float, int, int]]:
+    """(time, step, world) of this agent's step lines."""
+    out = []
+    for t, m in log.matching(STEP.pattern):
+        if t >= after:
+            out.append((t, int(m.group(2)), int(m.group(3))))
+    return out
+
+
+def node_rank(log: LineLog) -> int:
+    _, line = log.wait_for(lambda s: "node rank" in s, 5)
+    m = re.search(r"node rank (\d+)", line)
+    assert m
+    return int(m.group(1))
+
+
+def worker_pids(log: LineLog) -> list[int]:
+    """The PIDs of the workers the agent says it started (its "pids" line)."""
+    _, line = log.wait_for(lambda s: "pids" in s, 5)
+    return [int(p) for p in re.findall(r"\d+", line.split("pids")[1])]
+
+
+def pid_alive(pid: int, wait: float) -> bool:
+    """Whether ``pid`` still exists (not a zombie) after up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            return False
+        if status == "Z":
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def preempt(logs: Sequence[LineLog], timeout: float) -> list[int]:
+    """SIGTERM every agent (as the kubelet does), then their exit codes."""
+    for log in logs:
+        log.proc.send_signal(signal.SIGTERM)
+    return [log.proc.wait(timeout) for log in logs]
