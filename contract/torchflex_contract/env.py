@@ -75,6 +75,12 @@ PROGRESS_FILE: Final = "TORCHFLEX_PROGRESS_FILE"
 DEFAULT_HEARTBEAT_INTERVAL_S: Final = 0.2
 DEFAULT_LIVENESS_TIMEOUT_S: Final = 1.5
 DEFAULT_STOP_GRACE_S: Final = 3.0
-DEFAULT_TERMINATION_GRACE_S: Final = 25.0
+POD_GRACE_DEFAULT_S: Final = 30
+"""Kubernetes' ``terminationGracePeriodSeconds`` of a pod whose template sets none."""
+TERMINATION_GRACE_MARGIN_S: Final = 5
+"""What the operator holds back from a pod's grace period (``TERMINATION_GRACE``) so
+the agent exits before the kubelet's SIGKILL."""
+DEFAULT_TERMINATION_GRACE_S: Final = float(POD_GRACE_DEFAULT_S - TERMINATION_GRACE_MARGIN_S)
+"""The agent's own default: what the operator gives a pod with Kubernetes' default grace."""
 DEFAULT_MAX_RESTARTS: Final = 3
 DEFAULT_ETCD_PORT: Final = 2379

@@ -45,6 +45,9 @@ class Annotation(enum.StrEnum):
 
     SPEC_HASH = "torchflex.io/spec-hash"
     """Hash of the pod spec a pod was built from (rolling changes)."""
+    REPLICAS_DEFAULTED = "torchflex.io/replicas-defaulted"
+    """On the job: the ``spec.replicas`` the operator wrote for an absent one
+    (``maxReplicas``); while the field still holds it, it follows ``maxReplicas``."""
 
 
 def worker_pod_name(job: str, index: int) -> str:

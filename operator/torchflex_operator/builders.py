@@ -72,7 +72,8 @@ def _has_gpu_limit(container: Manifest) -> bool:
 
 def contract_env(job: JobSpec, index: int, container: Manifest) -> list[Manifest]:
     rdzv = job.rendezvous
-    grace = int(job.template.get("spec", {}).get("terminationGracePeriodSeconds", 30))
+    pod_spec = job.template.get("spec", {})
+    grace = int(pod_spec.get("terminationGracePeriodSeconds", env.POD_GRACE_DEFAULT_S))
 
     def lit(name: str, value: object) -> Manifest:
         return {"name": name, "value": str(value)}
@@ -95,7 +96,7 @@ def contract_env(job: JobSpec, index: int, container: Manifest) -> list[Manifest
         lit(env.RDZV_LAST_CALL, rdzv.last_call_s),
         lit(env.MAX_RESTARTS, job.max_restarts),
         # Leave the agent a margin before the kubelet's SIGKILL.
-        lit(env.TERMINATION_GRACE, max(1, grace - 5)),
+        lit(env.TERMINATION_GRACE, max(1, grace - env.TERMINATION_GRACE_MARGIN_S)),
     ]
     if rdzv.tls_secret_name:
         out.append(lit(env.RDZV_TLS_DIR, env.RDZV_TLS_MOUNT))

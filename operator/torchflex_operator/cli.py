@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     import kopf
 
+    from torchflex_operator import logsetup
     from torchflex_operator.agent_status import StatusPoller
     from torchflex_operator.handlers import register
     from torchflex_operator.kube import Kube, load_api_client
@@ -275,17 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     from torchflex_operator.metrics import Metrics
     from torchflex_operator.reconciler import Reconciler
 
-    kopf.configure(
-        verbose=args.verbose,
-        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
-    )
-    logging.getLogger("torchflex_operator").setLevel(
-        logging.DEBUG if args.verbose else logging.INFO
-    )
+    logsetup.configure(verbose=args.verbose, json=args.log_format == "json")
     metrics = Metrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    kube = Kube(load_api_client(), on_request=lambda verb: metrics.api_requests.labels(verb).inc())
+    kube = Kube(load_api_client(), on_request=metrics.api_request)
     for warning in deprecations(args):
         logging.getLogger(__name__).warning("%s", warning)
     gate: Gate = Gate()

@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -53,6 +54,29 @@ def load_api_client() -> Any:
         return client.ApiClient(cfg)
 
 
+_response = threading.local()
+"""The HTTP status of the last response the client received on this thread."""
+
+
+def _recording_status(request: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap the client's one transport call (``RESTClientObject.request``) so the
+    status of a successful response is known too: the typed API methods return
+    only the body, and a delete may answer 200 or 202."""
+
+    def request_and_record(*args: Any, **kwargs: Any) -> Any:
+        response = request(*args, **kwargs)
+        _response.status = getattr(response, "status", None)
+        return response
+
+    return request_and_record
+
+
+def _with_status(fn: Callable[[], T]) -> tuple[T, int | None]:
+    _response.status = None
+    result = fn()
+    return result, _response.status
+
+
 def _message(exc: ApiException) -> str:
     """The API Status's message (the body is JSON), or the raw body."""
     body = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
@@ -89,14 +113,19 @@ def _refusal(exc: PermanentError) -> PermanentError:
 
 
 class Kube:
-    def __init__(self, api_client: Any, on_request: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, api_client: Any, on_request: Callable[[str, str], None] | None = None
+    ) -> None:
         self.api = api_client
+        rest = api_client.rest_client
+        rest.request = _recording_status(rest.request)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.networking = client.NetworkingV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.on_request = on_request
-        """Called with the verb of every request made here (metrics)."""
+        """Called with the verb and the HTTP status code (``<error>``: no response)
+        of every request made here (metrics)."""
         self.may_write: Callable[[], bool] | None = None
         """Asked before every write but the Lease's: False refuses it here (``NotLeaderError``),
         so a pass still running when this replica stops leading sends nothing more."""
@@ -105,14 +134,23 @@ class Kube:
         verb = what.split(" ", 1)[0]
         if fenced and verb in _WRITE_VERBS and self.may_write is not None and not self.may_write():
             raise NotLeaderError(f"{what}: not sent, this replica is not the leader")
-        if self.on_request is not None:
-            self.on_request(verb)
         try:
-            return await asyncio.to_thread(fn)
+            result, status = await asyncio.to_thread(_with_status, fn)
         except ApiException as exc:
+            self._count(verb, exc.status)
             raise _typed(exc, what) from exc
         except (OSError, TimeoutError) as exc:  # connection refused/reset, urllib3 timeouts
+            self._count(verb, None)
             raise RetryableError(f"{what}: {exc}") from exc
+        except Exception:
+            self._count(verb, None)
+            raise
+        self._count(verb, status)
+        return result
+
+    def _count(self, verb: str, status: int | None) -> None:
+        if self.on_request is not None:
+            self.on_request(verb, str(status) if status else "<error>")
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         return self.api.sanitize_for_serialization(obj)  # type: ignore[no-any-return]
@@ -146,6 +184,26 @@ class Kube:
         obj: Any = await self._call(
             f"patch elasticjob {namespace}/{name} status",
             lambda: self.custom.patch_namespaced_custom_object_status(
+                labels.GROUP,
+                labels.VERSION,
+                namespace,
+                labels.PLURAL,
+                name,
+                body,
+                _request_timeout=_TIMEOUT_S,
+            ),
+        )
+        return dict(obj)
+
+    async def patch_job(
+        self, namespace: str, name: str, resource_version: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch the job itself (not its status), guarded by ``resource_version``."""
+        meta = {**patch.get("metadata", {}), "resourceVersion": resource_version}
+        body = {**patch, "metadata": meta}
+        obj: Any = await self._call(
+            f"patch elasticjob {namespace}/{name}",
+            lambda: self.custom.patch_namespaced_custom_object(
                 labels.GROUP,
                 labels.VERSION,
                 namespace,

@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from torchflex_contract import labels
+from torchflex_contract import env, labels
 from torchflex_contract.progress import AgentReport
 from torchflex_operator.timestamps import parse_time
 
@@ -30,7 +30,7 @@ class PodView:
     pod_ip: str | None = None
     created: dt.datetime | None = None
     deletion: dt.datetime | None = None
-    grace_s: int = 30
+    grace_s: int = env.POD_GRACE_DEFAULT_S
     exit_code: int | None = None
     terminated_reason: str | None = None
     message: str = ""
@@ -92,7 +92,7 @@ class PodView:
             message = str(term.get("message") or "")
         grace = meta.get("deletionGracePeriodSeconds")
         if grace is None:
-            grace = spec.get("terminationGracePeriodSeconds", 30)
+            grace = spec.get("terminationGracePeriodSeconds", env.POD_GRACE_DEFAULT_S)
         return cls(
             name=str(meta.get("name", "")),
             uid=str(meta.get("uid", "")),
@@ -104,7 +104,7 @@ class PodView:
             pod_ip=status.get("podIP"),
             created=parse_time(meta.get("creationTimestamp")),
             deletion=parse_time(meta.get("deletionTimestamp")),
-            grace_s=int(grace if grace is not None else 30),
+            grace_s=int(grace if grace is not None else env.POD_GRACE_DEFAULT_S),
             exit_code=exit_code,
             terminated_reason=term_reason,
             message=message,

@@ -28,6 +28,7 @@ from torchflex_contract import labels
 from torchflex_operator import events
 from torchflex_operator.agent_status import StatusPoller
 from torchflex_operator.cache import JobKey, NodeCache, OwnedCache
+from torchflex_operator.defaulting import replicas_patch
 from torchflex_operator.errors import (
     AccessDeniedError,
     ConflictError,
@@ -40,6 +41,7 @@ from torchflex_operator.expectations import TIMEOUT as EXPECTATION_TIMEOUT
 from torchflex_operator.expectations import Expectations
 from torchflex_operator.kube import Kube
 from torchflex_operator.leader import Gate
+from torchflex_operator.logsetup import CURRENT_JOB
 from torchflex_operator.metrics import Metrics
 from torchflex_operator.observed import Observed, PodView, Refusal
 from torchflex_operator.planner import Plan, plan
@@ -97,6 +99,7 @@ class Reconciler:
         self._posted: dict[JobKey, set[int]] = {}
         """Ids of the job's ``status.pendingEvents`` posted by this process."""
         self._denied_warned_at: float | None = None
+        self.metrics.instrument(self.queue, lambda: self.jobs if self.gate.active else {})
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -149,6 +152,7 @@ class Reconciler:
                 self.queue.add(key)
                 continue
             started = time.perf_counter()
+            CURRENT_JOB.set(key)  # log records of this pass name the job (logsetup)
             try:
                 requeue = await self.reconcile(key)
             except RetryableError as exc:
@@ -178,6 +182,7 @@ class Reconciler:
             finally:
                 self.metrics.latency.observe(time.perf_counter() - started)
                 self.queue.done(key)
+                CURRENT_JOB.set(None)
 
     def _rights_refused(self, key: JobKey, exc: AccessDeniedError) -> None:
         """RBAC refused us: one warning per ``DENIED_WARN_EVERY_S``, the rest at debug.
@@ -245,6 +250,15 @@ class Reconciler:
         if obj is None:
             self.forget(key)
             return None
+        if (defaults := replicas_patch(obj)) is not None:
+            # Absent spec.replicas breaks the scale subresource (defaulting.py).
+            rv = str(obj["metadata"].get("resourceVersion", ""))
+            try:
+                obj = await self.kube.patch_job(*key, rv, defaults)
+            except ConflictError:
+                self._synced.discard(key)
+                raise
+            self.jobs[key] = obj
         now = self.clock()
         try:
             job = JobSpec.parse(obj)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import heapq
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -37,9 +37,17 @@ class WorkQueue(Generic[K]):
         self._active: set[K] = set()
         self._again: dict[K, float] = {}
         self._wake = asyncio.Event()
+        self.on_wait: Callable[[float], None] | None = None
+        """Called with how long each key ``get`` hands out waited since it was due (metrics)."""
 
     def __len__(self) -> int:
         return len(self._due)
+
+    def ready(self) -> int:
+        """Keys due now and not yet taken (the backlog; delayed keys are not in it)."""
+        now = time.monotonic()
+        due = list(self._due.values())  # one C-level copy: a scrape runs in another thread
+        return sum(1 for when in due if when <= now)
 
     def add(self, key: K, delay: float = 0.0) -> None:
         when = time.monotonic() + max(0.0, delay)
@@ -70,6 +78,8 @@ class WorkQueue(Generic[K]):
                 heapq.heappop(self._heap)
                 del self._due[key]
                 self._active.add(key)
+                if self.on_wait is not None:
+                    self.on_wait(now - when)
                 return key
             timeout = (self._heap[0][0] - now) if self._heap else None
             self._wake.clear()

@@ -147,11 +147,12 @@ and compares). Namespaced resources: what torchflex_operator/kube.py calls plus 
 watches for handlers.py.
 */}}
 {{- define "torchflex.namespacedRules" -}}
-# ElasticJobs: kopf watches them (list, watch); the reconciler reads one (get) and deletes
+# ElasticJobs: kopf watches them (list, watch); the reconciler reads one (get), writes an
+# absent spec.replicas (patch, guarded by resourceVersion; docs/api.md) and deletes
 # finished ones after ttlSecondsAfterFinished (delete).
 - apiGroups: [torchflex.io]
   resources: [elasticjobs]
-  verbs: [get, list, watch, delete]
+  verbs: [get, list, watch, patch, delete]
 # Status is written once per pass, guarded by resourceVersion (merge patch).
 - apiGroups: [torchflex.io]
   resources: [elasticjobs/status]

@@ -58,9 +58,7 @@ def run_operator(
     ``reconciler.metrics.api_requests`` counts every request it sends.
     """
     metrics = Metrics()
-    kube = Kube(
-        cluster.api_client(), on_request=lambda verb: metrics.api_requests.labels(verb).inc()
-    )
+    kube = Kube(cluster.api_client(), on_request=metrics.api_request)
     reconciler = Reconciler(
         kube, settings, poller=poller or StatusPoller(enabled=False), metrics=metrics
     )

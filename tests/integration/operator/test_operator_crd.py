@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from e2e.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[3]
 INVALID = sorted((REPO / "tests" / "manifests" / "invalid").glob("*.yaml"))
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+CRD_SCHEMA = yaml.safe_load((REPO / "crds" / "elasticjob.yaml").read_text())["spec"]["versions"][0][
+    "schema"
+]["openAPIV3Schema"]
 
 
 def expected_fragment(path: Path) -> str:
@@ -54,3 +61,46 @@ def test_examples_are_valid_and_defaults_applied(
     # The scale subresource refuses replicas outside [min, max] too.
     out = cluster.kubectl("scale", "-n", namespace, "ej/mnist-c10d", "--replicas=9", check=False)
     assert out.returncode != 0 and "spec.replicas" in out.stderr
+
+
+def defaulted_fields(schema: Mapping[str, Any], path: str) -> Iterator[tuple[str, Any]]:
+    """(dotted path, default) of every property of ``schema`` with a ``default:``."""
+    for name, prop in (schema.get("properties") or {}).items():
+        if "default" in prop:
+            yield f"{path}.{name}", prop["default"]
+        yield from defaulted_fields(prop, f"{path}.{name}")
+
+
+def said(default: Any) -> str:
+    """How a description states a default: scalars by value, objects by their braces."""
+    if isinstance(default, bool):
+        return f"Default {str(default).lower()}"
+    if isinstance(default, dict):
+        return "Default {"
+    return f"Default {default}"
+
+
+@pytest.mark.cluster
+def test_kubectl_explain_states_every_default_and_the_int_or_string_type(
+    cluster: Cluster, crd: None
+) -> None:
+    fields = dict(defaulted_fields(CRD_SCHEMA["properties"]["spec"], "elasticjob.spec"))
+    assert len(fields) >= 10, fields
+    missing = []
+    for field, default in fields.items():
+        explained = " ".join(cluster.kubectl("explain", field).stdout.split())
+        if said(default) not in explained:
+            missing.append(f"{field}: {said(default)!r} not in {explained!r}")
+    assert not missing, "\n".join(missing)
+    # kubectl's explain names no type for an int-or-string field (it prints <Object>),
+    # so the description says it; OpenAPI clients read the published schema.
+    explained = " ".join(cluster.kubectl("explain", "elasticjob.spec.nprocPerNode").stdout.split())
+    assert "int-or-string" in explained and '"auto"' in explained, explained
+    published = json.loads(
+        cluster.kubectl("get", "--raw", "/openapi/v3/apis/torchflex.io/v1alpha1").stdout
+    )
+    job = published["components"]["schemas"]["io.torchflex.v1alpha1.ElasticJob"]
+    nproc = job["properties"]["spec"]["properties"]["nprocPerNode"]
+    assert nproc["x-kubernetes-int-or-string"] is True, nproc
+    assert sorted(alt["type"] for alt in nproc["anyOf"]) == ["integer", "string"], nproc
+    assert nproc["default"] == "auto", nproc
