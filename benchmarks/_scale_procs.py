@@ -2,8 +2,8 @@
 
 Where it sits: ``benchmarks.rendezvous`` starts a store server and an etcd
 with it, ``benchmarks.operator_scale`` starts the operator; both stop what
-they started by PID (``e2e.localproc``, also their free ports). Every wait
-is bounded. The /proc readings of the
+they started by PID (``e2e.localproc``, also their free ports and the
+pinned etcd binary). Every wait is bounded. The /proc readings of the
 operator's memory and CPU are parsed by pure functions in ``_scale_stats``.
 """
 
@@ -15,20 +15,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLCHAIN = REPO / "e2e" / "toolchain" / "build.sh"
-
-
-def bin_dir() -> Path:
-    """The folder of the pinned control-plane binaries (builds them on first use)."""
-    out = subprocess.run(
-        ["bash", str(TOOLCHAIN), "--print"], capture_output=True, text=True, check=True,
-        timeout=60 * 30,
-    )  # fmt: skip
-    return Path(out.stdout.strip())
-
-
-def etcd_binary() -> str:
-    return str(bin_dir() / "etcd")
 
 
 def start_logged(

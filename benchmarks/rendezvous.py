@@ -27,9 +27,9 @@ from typing import Any
 from benchmarks import report
 from benchmarks._rdzv_host import SYSTEMS
 from benchmarks._rdzv_stats import MemberResult, TrialOutcome, evaluate, split_members
-from benchmarks._scale_procs import REPO, etcd_binary, start_logged, wait_line
+from benchmarks._scale_procs import REPO, start_logged, wait_line
 from benchmarks.cli import BenchCli
-from e2e.localproc import free_port, stop_process
+from e2e.localproc import free_port, pinned_binary, stop_process
 
 SIZES: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
 QUICK_SIZES: tuple[int, ...] = (2, 8, 32)
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(store)
         line = wait_line(work / "store.log", "listening on", 60)
         store_port = int(line.rsplit(":", 1)[1])
-        etcd = etcd_binary()
+        etcd = pinned_binary("etcd")
         client, peer = free_port(), free_port()
         etcd_proc = start_logged(
             [etcd, "--name", "bench", "--data-dir", str(work / "etcd"),

@@ -8,6 +8,7 @@ can use it without loading the cluster package. The agent keeps its own
 ``free_port`` (product code never imports the harness).
 
 Stopping is by the ``Popen`` we hold (its PID), never by a name pattern.
+The pinned binaries they start (etcd) are found with :func:`pinned_binary`.
 :class:`LineLog` reads what such a process prints, line by line with the
 time each line arrived (the agent tests wait on lines; the process-level
 benchmarks compare the lines' times with the moment they killed a node).
@@ -23,6 +24,17 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
+
+_TOOLCHAIN = Path(__file__).resolve().parent / "toolchain" / "build.sh"
+
+
+def pinned_binary(name: str) -> str:
+    """A binary of the pinned toolchain, by path (``build.sh --print``; builds nothing)."""
+    out = subprocess.run(
+        ["bash", str(_TOOLCHAIN), "--print"], capture_output=True, text=True, check=True, timeout=60
+    )
+    return str(Path(out.stdout.strip()) / name)
 
 
 def free_port() -> int:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from e2e.localproc import LineLog, free_port, stop_process
+from e2e.localproc import LineLog, free_port, pinned_binary, stop_process
 from torchflex_contract.progress import AgentReport
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,7 +27,6 @@ VENV_BIN = Path(sys.executable).parent
 AGENT_BIN = str(VENV_BIN / "torchflex-agent")
 PYTHON = sys.executable
 EXAMPLE = str(REPO / "examples" / "train_elastic.py")
-ETCD_BUILD = REPO / "e2e" / "toolchain" / "build.sh"
 STEP = re.compile(r"^\[rank (\d+)\] step=(\d+) .*world=(\d+)")
 
 
@@ -60,13 +59,6 @@ def start_store(port: int = 0, timeout: float = 60.0) -> tuple[subprocess.Popen[
     return log.proc, int(line.rsplit(":", 1)[1]), log
 
 
-def etcd_binary() -> str:
-    out = subprocess.run(
-        ["bash", str(ETCD_BUILD), "--print"], capture_output=True, text=True, check=True, timeout=60
-    )
-    return str(Path(out.stdout.strip()) / "etcd")
-
-
 def start_etcd(
     data_dir: Path, timeout: float = 30.0, client: int = 0, peer: int = 0
 ) -> tuple[subprocess.Popen[bytes], int]:
@@ -74,7 +66,7 @@ def start_etcd(
     client, peer = client or free_port(), peer or free_port()
     proc = subprocess.Popen(
         [
-            etcd_binary(),
+            pinned_binary("etcd"),
             "--name", "t",
             "--data-dir", str(data_dir),
             "--listen-client-urls", f"http://127.0.0.1:{client}",
