@@ -1,4 +1,4 @@
-"""One default per ElasticJob field: the CRD, the operator, the agent and docs/api.md agree.
+"""One default per ElasticJob field and agent flag: the CRD, operator, agent and docs agree.
 
 A default lives where users meet it, the CRD's schema (``crds/elasticjob.yaml``
 and the chart's copy): the API server writes it into every new object. The
@@ -6,9 +6,10 @@ operator's ``JobSpec.parse`` falls back to its own values for objects stored
 before a default existed, ``JobSpec``'s fields carry defaults for code that
 builds one directly, the agent defaults its flags from
 ``torchflex_contract.env`` when run without the environment the operator
-gives a worker (and that environment, for a bare job, says the same), and
-docs/api.md's annotated example names the defaults. Each test here fails when
-one of these places says something else than the schema.
+gives a worker (and that environment, for a bare job, says the same),
+docs/api.md's annotated example names the job's defaults and docs/agent.md's
+flag table the agent's. Each test here fails when one of these places says
+something else than the schema (or, for the agent's flags, than the agent).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 import yaml
 
 from e2e.cluster.layout import REPO_ROOT
-from torchflex_agent.config import parse_args
+from torchflex_agent.config import build_parser, parse_args
 from torchflex_contract import labels
 from torchflex_operator import builders
 from torchflex_operator.settings import Settings
@@ -199,3 +200,36 @@ def _documented_defaults() -> dict[str, Any]:
 
 def test_docs_example_names_each_schema_default_as_the_schema_does() -> None:
     assert _documented_defaults() == _spec_defaults(CRDS[0])
+
+
+def _same(documented: str, default: str) -> bool:
+    try:
+        return float(documented) == float(default)
+    except ValueError:
+        return documented == default
+
+
+def test_docs_agent_flag_table_gives_each_flag_its_env_and_default() -> None:
+    """docs/agent.md's flag table: every flag the environment can set, its variable,
+    and its default when neither flag nor variable is given."""
+    text = (REPO_ROOT / "docs" / "agent.md").read_text()
+    table = text.split("| flag | env | default |", 1)[1].split("\n\n", 1)[0]
+    options = build_parser({})._option_string_actions
+    documented: set[str] = set()
+    for row in table.splitlines()[2:]:
+        flag_cell, env_cell, default_cell = (
+            c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]
+        )
+        flag = re.match(r"`(--[a-z-]+)", flag_cell)
+        if flag is None:
+            continue  # a variable the agent reads without a flag
+        action = options[flag[1]]
+        documented.add(action.dest)
+        assert f"; env {env_cell.strip('`')})" in (action.help or ""), row
+        default = re.match(r"`([^`]+)`", default_cell)
+        if default is None:
+            assert not action.default, row  # documented as having none
+        else:
+            assert _same(default[1], str(action.default)), row
+    with_env = {a.dest for a in options.values() if "; env " in (a.help or "")}
+    assert documented == with_env
