@@ -101,7 +101,7 @@ def live_workers(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
     }
 
 
-def events(cluster: Cluster, namespace: str, name: str) -> list[str]:
+def _job_events(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
     out = cluster.kubectl(
         "get",
         "events",
@@ -112,22 +112,19 @@ def events(cluster: Cluster, namespace: str, name: str) -> list[str]:
         "--field-selector",
         f"involvedObject.name={name},involvedObject.kind={labels.KIND}",
     )
-    return [e["reason"] for e in json.loads(out.stdout)["items"]]
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
+def events(cluster: Cluster, namespace: str, name: str) -> list[str]:
+    return [e["reason"] for e in _job_events(cluster, namespace, name)]
 
 
 def event_messages(cluster: Cluster, namespace: str, name: str) -> list[tuple[str, str]]:
     """(reason, message) of every Event on the job, oldest first."""
-    out = cluster.kubectl(
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "-o",
-        "json",
-        "--field-selector",
-        f"involvedObject.name={name},involvedObject.kind={labels.KIND}",
+    items = sorted(
+        _job_events(cluster, namespace, name), key=lambda e: e.get("firstTimestamp") or ""
     )
-    items = sorted(json.loads(out.stdout)["items"], key=lambda e: e.get("firstTimestamp") or "")
     return [(e["reason"], e.get("message", "")) for e in items]
 
 
