@@ -1,4 +1,4 @@
-"""One default per ElasticJob field and agent flag: the CRD, operator, agent and docs agree.
+"""One default per ElasticJob field and per flag: the CRD, operator, agent and docs agree.
 
 A default lives where users meet it, the CRD's schema (``crds/elasticjob.yaml``
 and the chart's copy): the API server writes it into every new object. The
@@ -8,8 +8,9 @@ builds one directly, the agent defaults its flags from
 ``torchflex_contract.env`` when run without the environment the operator
 gives a worker (and that environment, for a bare job, says the same),
 docs/api.md's annotated example names the job's defaults and docs/agent.md's
-flag table the agent's. Each test here fails when one of these places says
-something else than the schema (or, for the agent's flags, than the agent).
+flag table the agent's, and its operator usage line the operator's. Each test
+here fails when one of these places says something else than the schema (or,
+for a flag, than the program that has it).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import yaml
 from e2e.cluster.layout import REPO_ROOT
 from torchflex_agent.config import build_parser, parse_args
 from torchflex_contract import labels
-from torchflex_operator import builders
+from torchflex_operator import builders, cli
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec, Rendezvous
 
@@ -233,3 +234,21 @@ def test_docs_agent_flag_table_gives_each_flag_its_env_and_default() -> None:
             assert _same(default[1], str(action.default)), row
     with_env = {a.dest for a in options.values() if "; env " in (a.help or "")}
     assert documented == with_env
+
+
+def test_docs_operator_usage_names_the_operators_defaults() -> None:
+    """docs/api.md's ``torchflex-operator [...]`` line: each ``[--flag N]`` is a flag
+    of the operator, and N its default (flags whose default is computed from
+    others, the lease timings, are only checked to exist)."""
+    text = (REPO_ROOT / "docs" / "api.md").read_text().split("\n## Operator\n", 1)[1]
+    usage = text.split("`", 2)[1]
+    options = cli.parser()._option_string_actions
+    shown = re.findall(r"\[(--[a-z-]+) (\d+(?:\.\d+)?)\]", usage)
+    checked = 0
+    for flag, value in shown:
+        assert flag in options, flag
+        default = options[flag].default
+        if default is not None:
+            assert float(default) == float(value), flag
+            checked += 1
+    assert checked >= 5, shown
