@@ -9,9 +9,11 @@ asked. Each job is one worker pod that really runs on the process node.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 from e2e.cluster import Cluster
 from tests.integration.install.release import (
@@ -164,6 +166,16 @@ def test_two_replicas_run_active_standby_and_fail_over(
     lease = release.lease()
     assert lease["leaseTransitions"] == transitions + 1
     (leader,) = [p for p in release.pods() if p["metadata"]["name"] == lease["holderIdentity"]]
+    # The Deployment replaced the killed pod: wait until every replica stands by behind the
+    # new holder, so the uninstall below meets no pod still starting its watches.
+    held = f"Lease {release.namespace}/{release.fullname} is held by {lease['holderIdentity']}"
+
+    def standing_by(pod: dict[str, Any]) -> bool:
+        return held in release.log(pod)
+
+    for pod in release.wait_running(2):
+        if pod["metadata"]["name"] != lease["holderIdentity"]:
+            wait_for(functools.partial(standing_by, pod), 60, "the other replica standing by")
     apply_job(cluster, jobs, hello_job(cluster, "second"))
     wait_succeeded(cluster, jobs, "second")
     assert "operator is now active: holds Lease" in release.log(leader)
