@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from e2e.cluster.layout import REPO_ROOT
+from tests.unit.docs_tables import doc_table
 from torchflex_agent.config import build_parser, parse_args
 from torchflex_contract import labels
 from torchflex_operator import builders, cli
@@ -213,14 +214,10 @@ def _same(documented: str, default: str) -> bool:
 def test_docs_agent_flag_table_gives_each_flag_its_env_and_default() -> None:
     """docs/agent.md's flag table: every flag the environment can set, its variable,
     and its default when neither flag nor variable is given."""
-    text = (REPO_ROOT / "docs" / "agent.md").read_text()
-    table = text.split("| flag | env | default |", 1)[1].split("\n\n", 1)[0]
     options = build_parser({})._option_string_actions
     documented: set[str] = set()
-    for row in table.splitlines()[2:]:
-        flag_cell, env_cell, default_cell = (
-            c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]
-        )
+    for row in doc_table("agent.md", "Each flag defaults from the env var"):
+        flag_cell, env_cell, default_cell = row
         flag = re.match(r"`(--[a-z-]+)", flag_cell)
         if flag is None:
             continue  # a variable the agent reads without a flag

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from e2e.cluster.layout import REPO_ROOT
+from tests.unit.docs_tables import doc_table
 from torchflex_contract import env, exit_codes, labels, progress, store_keys
 from torchflex_operator import vocabulary
 
@@ -113,18 +114,6 @@ def test_docs_name_every_phase_and_reason() -> None:
         assert not missing, f"docs/api.md does not name {words.__name__} {missing}"
 
 
-def _doc_table(doc: str, heading: str) -> list[list[str]]:
-    """The cells of the first table after ``heading`` in docs/``doc``, header rows left out."""
-    lines = (REPO_ROOT / "docs" / doc).read_text().split(heading, 1)[1].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    rows: list[list[str]] = []
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]])
-    return rows[2:]
-
-
 # How docs/agent.md's exit-code table words what the operator does with a code.
 _TREATMENT = {
     "job may complete": exit_codes.Disposition.SUCCEEDED,
@@ -136,7 +125,7 @@ _TREATMENT = {
 
 
 def test_docs_exit_code_table_is_the_contracts() -> None:
-    rows = _doc_table("agent.md", "## Exit codes")
+    rows = doc_table("agent.md", "## Exit codes")
     named = {(int(r[0]), r[1]) for r in rows if r[0].isdigit() and r[1].isupper()}
     assert named == {(c.value, c.name) for c in exit_codes.ExitCode}
     for row in rows:
@@ -147,7 +136,7 @@ def test_docs_exit_code_table_is_the_contracts() -> None:
 def test_docs_key_table_names_every_store_key() -> None:
     """docs/agent.md's key table: job-wide keys as they are, per-round ones under
     ``rdzv/round/<r>/``, a trailing ``/<rank>``-like segment left off."""
-    cells = [r[0] for r in _doc_table("agent.md", "## Rendezvous protocol")]
+    cells = [r[0] for r in doc_table("agent.md", "## Rendezvous protocol")]
     keys = set()
     for cell in cells:
         path = cell.strip("`").removeprefix(f"{store_keys.ROUND}/<r>/")
