@@ -177,6 +177,13 @@ def parser() -> argparse.ArgumentParser:
         help="wait past a pod's grace period on a lost node before force-deleting it",
     )
     p.add_argument(
+        "--progress-interval",
+        type=positive_float,
+        default=Settings.progress_write_s,
+        metavar="S",
+        help="write a job's status at most this often when only training progress changed",
+    )
+    p.add_argument(
         "--max-pending-pods",
         type=positive_int,
         default=Settings.max_unscheduled,
@@ -247,6 +254,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         backoff_cap_s=args.backoff_cap,
         resync_s=args.resync,
         force_delete_after_s=args.force_delete_after,
+        progress_write_s=args.progress_interval,
         max_unscheduled=args.max_pending_pods,
         create_batch_initial=args.create_batch,
         operator_namespace=args.operator_pod_namespace,

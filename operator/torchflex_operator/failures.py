@@ -15,6 +15,7 @@ import dataclasses
 from torchflex_contract.exit_codes import Disposition, ExitCode, disposition
 from torchflex_contract.progress import AgentReport
 from torchflex_operator.observed import Observed, PodView
+from torchflex_operator.status import WorkerException
 from torchflex_operator.vocabulary import EventReason, Reason
 
 # DisruptionTarget condition reasons (k8s >= 1.26) and what they mean here.
@@ -56,15 +57,50 @@ class Failure:
         return EventReason.POD_FAILED
 
 
+def final_report(raw: str) -> AgentReport | None:
+    """The agent's final report in a termination message; None if it is not one."""
+    raw = raw.strip()
+    if not raw.startswith("{"):
+        return None
+    try:
+        return AgentReport.from_json(raw)
+    except ValueError:
+        return None
+
+
 def report_message(raw: str) -> str:
     """The human part of a termination message: an AgentReport's message or raw logs."""
-    raw = raw.strip()
-    if raw.startswith("{"):
-        try:
-            return AgentReport.from_json(raw).message
-        except ValueError:
-            pass
-    return raw[-1024:]
+    report = final_report(raw)
+    return report.message if report is not None else raw.strip()[-1024:]
+
+
+def root_cause(
+    pod: str, report: AgentReport | None, shown: WorkerException | None
+) -> WorkerException | None:
+    """The worker exception behind a failed pod, for ``lastFailure.rootCause``.
+
+    Its agent's own ``root_cause`` when it belongs to the round the agent
+    ended in (an older one was handled by a restart). Otherwise the one
+    status already shows, when the pod ended in that round or before it: the
+    pod went down with the group that exception ended (its peers exit
+    without one of their own), so the user still sees the cause, with the
+    pod that reported it. A pod without a final report gets none.
+    """
+    if report is None:
+        return None
+    cause = report.root_cause
+    if cause is not None and (cause.round < 0 or cause.round >= report.round):
+        return WorkerException(
+            type=cause.type,
+            message=cause.message,
+            frames=cause.frames,
+            rank=cause.rank,
+            round=cause.round,
+            pod=pod,
+        )
+    if shown is not None and 0 <= report.round <= shown.round:
+        return shown
+    return None
 
 
 def classify(pod: PodView, observed: Observed) -> Failure:

@@ -28,9 +28,10 @@ from torchflex_operator import (
     netpol,
     pacing,
     rollout,
+    training,
     verdicts,
 )
-from torchflex_operator.failures import classify, succeeded
+from torchflex_operator.failures import classify, final_report, root_cause, succeeded
 from torchflex_operator.observed import Observed, PodView
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import CleanPodPolicy, JobSpec
@@ -145,6 +146,7 @@ class _Pass:
             reason=reason,
             message=message,
             now=self.stamp,
+            generation=self.job.generation,
         )
         self.s = replace(self.s, conditions=conds)
 
@@ -163,6 +165,8 @@ class _Pass:
         )
         ctype = ConditionType.SUCCEEDED if phase is Phase.SUCCEEDED else ConditionType.FAILED
         self.set_condition(ctype, status=True, reason=reason, message=message)
+        if phase is Phase.SUCCEEDED:  # batch/v1's word for it (docs/api.md, Conditions)
+            self.set_condition(ConditionType.COMPLETE, status=True, reason=reason, message=message)
         etype = EventType.NORMAL if phase is Phase.SUCCEEDED else EventType.WARNING
         ereason = EventReason.SUCCEEDED if phase is Phase.SUCCEEDED else EventReason.FAILED
         self.plan.event(etype, ereason, f"{reason.value}: {message}")
@@ -244,6 +248,12 @@ class _Pass:
             if failure.fatal:
                 self.fatal = f"pod {pod.name}: {failure.message[-300:]}"
             failures = self.s.failures or 0
+            shown = None if self.s.last_failure is None else self.s.last_failure.root_cause
+            cause = root_cause(pod.name, final_report(pod.message), shown)
+            message = failure.message
+            if cause is not None and f"{cause.type}: {cause.message}" not in message:
+                # The agent's message may predate root causes: name the exception anyway.
+                message = f"{message}; {cause.type}: {cause.message}".lstrip("; ")
             self.s = replace(
                 self.s,
                 replacements=(self.s.replacements or 0) + 1,
@@ -253,8 +263,9 @@ class _Pass:
                     reason=failure.reason.value,
                     exit_code=failure.exit_code,
                     counted=failure.counted,
-                    message=failure.message[-1024:],
+                    message=message[-1024:],
                     time=self.stamp,
+                    root_cause=cause,
                 ),
             )
             self.plan.replacements.append(failure.reason)
@@ -442,8 +453,9 @@ class _Pass:
         restarts = self.s.restarts or 0
         rnd = -1 if self.s.rendezvous_round is None else self.s.rendezvous_round
         world = self.s.world_size or 0
-        # Finished members' final reports count: a job done between polls keeps its world size.
-        names = {w.name for w in self.workers if w.active or succeeded(w)}
+        # Finished members' final reports count: a job done between polls keeps its
+        # world size, and a failed one the restarts and round its agents ended with.
+        names = {w.name for w in self.workers if w.active or succeeded(w) or w.phase == "Failed"}
         reports = [r for n, r in self.obs.reports.items() if n in names and r.round >= 0]
         if reports:
             rnd = max(r.round for r in reports)
@@ -512,6 +524,7 @@ class _Pass:
             if not self.finished:
                 self.availability()
             if not self.finished:
+                training.training(self)
                 verdicts.store_liveness(self)
                 self.rendezvous_host(held)
                 self.ensure_services()
@@ -522,6 +535,8 @@ class _Pass:
         if self.finished:
             self.cleanup()
         else:
+            if verdict is not None:  # completing: the agents' reports say who still trains
+                training.training(self)
             result.wake_in(self.settings.resync_s)
 
     def run(self) -> Plan:
@@ -533,9 +548,16 @@ class _Pass:
             self.suspend()
         else:
             self.decide()
+        if self.finished:
+            phase = self.s.phase.value.lower() if self.s.phase else ""
+            training.idle(self, Reason.JOB_FINISHED, f"the job {phase}; nothing runs")
+        elif self.s.phase is Phase.SUSPENDED:
+            training.idle(self, Reason.SUSPENDED_BY_USER, "spec.suspend is true")
         self.counts()
+        training.progress(self)
         decided = [(e.type, e.reason.value, e.message) for e in self.plan.events]
         self.s = events.settle(self.s, self.prior, decided, self.obs.posted_events)
+        training.bound_progress(self)
         self.plan.status = self.s
         return self.plan
 

@@ -35,6 +35,8 @@ class Settings:
     """Store errors reported this long, by most answering agents now: the store pod is replaced."""
     completion_silence_s: float = 60.0
     """A completing job's awaited pod whose agent does not answer this long is fenced."""
+    progress_write_s: float = 5.0
+    """A status change that is only training progress is written at most this often."""
     refusal_retry_s: float = 10.0
     """After the API refused a create with a 403 (admission), wait this long to retry."""
     operator_namespace: str | None = None

@@ -192,9 +192,27 @@ class Condition(Record):
     reason: str = ""
     message: str = ""
     last_transition_time: dt.datetime | None = None
+    observed_generation: int | None = None
+    """``metadata.generation`` of the spec the pass that set it planned from."""
 
     def is_type(self, ctype: ConditionType) -> bool:
         return self.type == ctype.value
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerException(Record):
+    """The worker exception behind a failure (``lastFailure.rootCause``), as its agent
+    reported it; bounded by ``torchflex_contract.progress`` (type, message, frames)."""
+
+    type: str = ""
+    message: str = ""
+    frames: tuple[str, ...] = ()
+    """The innermost frames, outermost first, ``file:line in function``."""
+    rank: int = -1
+    """Global rank of the worker that raised it."""
+    round: int = -1
+    pod: str = ""
+    """The pod whose agent reported it (may differ from ``lastFailure.pod``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,6 +226,22 @@ class LastFailure(Record):
     counted: bool = False
     message: str = ""
     time: dt.datetime | None = None
+    root_cause: WorkerException | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingProgress(Record):
+    """What the workers last reported about training (``status.progress``)."""
+
+    step: int | None = None
+    steps_per_second: float | None = None
+    checkpoint_step: int | None = None
+    round: int | None = None
+    pod: str = ""
+    """The pod whose agent's report it is."""
+    last_update_time: dt.datetime | None = None
+    """When the operator wrote this value (a progress-only change waits for
+    ``Settings.progress_write_s`` after it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,6 +304,8 @@ class JobStatus(Record):
     silent_members: tuple[SilentMember, ...] | None = None
     event_seq: int | None = None
     pending_events: tuple[PendingEvent, ...] | None = None
+    progress: TrainingProgress | None = None
+    rank0_pod: str | None = None
 
     def to_patch(self, old: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch turning the written ``old`` into this status; ``{}``: unchanged."""

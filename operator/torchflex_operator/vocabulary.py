@@ -18,7 +18,7 @@ class Phase(enum.StrEnum):
     PENDING = "Pending"
     """Started, fewer than ``minReplicas`` workers running yet."""
     RUNNING = "Running"
-    """At least ``minReplicas`` workers running."""
+    """At least ``minReplicas`` worker pods running (not: training; see ``TRAINING``)."""
     RESTARTING = "Restarting"
     """Was running, fell below ``minReplicas``; waiting for replacements."""
     SUSPENDED = "Suspended"
@@ -35,8 +35,14 @@ class ConditionType(enum.StrEnum):
 
     MIN_AVAILABLE = "MinAvailable"
     """True while at least ``minReplicas`` workers are running."""
+    TRAINING = "Training"
+    """True while the agents report a completed rendezvous with workers running
+    (since: its ``lastTransitionTime``); False says what they do instead."""
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
+    COMPLETE = "Complete"
+    """batch/v1 Job's word for success (``kubectl wait --for=condition=Complete``):
+    set with ``Succeeded``, the same reason and message."""
     FAILED = "Failed"
     AT_DESIRED_SIZE = "AtDesiredSize"
     """True while ``desiredReplicas`` workers run; False says why not (see docs/api.md)."""
@@ -52,7 +58,19 @@ class Reason(enum.StrEnum):
     # MinAvailable
     MIN_REPLICAS_RUNNING = "MinReplicasRunning"
     BELOW_MIN_REPLICAS = "BelowMinReplicas"
-    # Suspended
+    # MinAvailable, AtDesiredSize and Training once no pod runs on purpose
+    JOB_FINISHED = "JobFinished"
+    """The job succeeded or failed: nothing runs any more."""
+    # Training
+    WORKERS_TRAINING = "WorkersTraining"
+    AGENTS_STARTING = "AgentsStarting"
+    """Worker pods run, but no agent has completed a rendezvous yet (importing, joining)."""
+    RENDEZVOUSING = "Rendezvousing"
+    """The latest round is over; agents are forming the next one (a scale, a lost member)."""
+    WORKERS_RESTARTING = "WorkersRestarting"
+    """A worker failed: the agents stop the group and restart it in place."""
+    NO_WORKERS_RUNNING = "NoWorkersRunning"
+    # Suspended (and MinAvailable, AtDesiredSize, Training while suspended)
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED = "Resumed"
     # Succeeded

@@ -327,7 +327,8 @@ def test_active_deadline() -> None:
         job(activeDeadlineSeconds=50), parsed(status), observed(worker(0), worker(1)), NOW
     )
     assert written(result)["phase"] == Phase.FAILED
-    assert written(result)["conditions"][-1]["reason"] == Reason.DEADLINE_EXCEEDED
+    failed = next(c for c in written(result)["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == Reason.DEADLINE_EXCEEDED
     ok = plan(job(activeDeadlineSeconds=500), parsed(status), observed(worker(0), worker(1)), NOW)
     assert written(ok)["phase"] == Phase.RUNNING
     assert ok.requeue_after is not None and ok.requeue_after <= 400

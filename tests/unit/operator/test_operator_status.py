@@ -20,6 +20,8 @@ from torchflex_operator.status import (
     PendingEvent,
     Record,
     SilentMember,
+    TrainingProgress,
+    WorkerException,
     merge_patch,
     wire_keys,
 )
@@ -299,7 +301,10 @@ def test_every_status_field_is_declared_in_the_crd_and_nothing_else() -> None:
         "lostVerdicts": LostVerdict,
         "silentMembers": SilentMember,
         "pendingEvents": PendingEvent,
+        "progress": TrainingProgress,
     }
     for key, record in records.items():
         schema = props[key].get("items", props[key])
         assert set(wire_keys(record)) == set(schema["properties"]), key
+    cause = props["lastFailure"]["properties"]["rootCause"]
+    assert set(wire_keys(WorkerException)) == set(cause["properties"])
