@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from torchflex_contract import labels
 from torchflex_operator.errors import (
@@ -139,7 +140,9 @@ class Kube:
         except ApiException as exc:
             self._count(verb, exc.status)
             raise _typed(exc, what) from exc
-        except (OSError, TimeoutError) as exc:  # connection refused/reset, urllib3 timeouts
+        # The client's own retries end in urllib3's MaxRetryError (not an OSError) when the
+        # API server is down or restarting: that is as transient as a reset connection.
+        except (OSError, TimeoutError, TransportError) as exc:
             self._count(verb, None)
             raise RetryableError(f"{what}: {exc}") from exc
         except Exception:

@@ -8,7 +8,9 @@ import logging
 from typing import cast
 
 import pytest
+from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError
 
 from tests.unit.operator.factories import NOW, worker
 from torchflex_contract import labels
@@ -216,3 +218,23 @@ def test_withdrawn_rights_warn_once_not_per_job(caplog: pytest.LogCaptureFixture
     assert len(warned) == 1 and RIGHTS_WITHDRAWN in warned[0].getMessage()
     assert warned[0].levelno == logging.WARNING
     assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 4
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        MaxRetryError(None, "/api", reason=NewConnectionError(None, "Connection refused")),  # type: ignore[arg-type]
+        ProtocolError("Connection aborted.", ConnectionResetError()),
+        ConnectionRefusedError(111, "Connection refused"),
+        TimeoutError("read timed out"),
+    ],
+    ids=["max-retries", "protocol", "refused", "timeout"],
+)
+def test_an_unreachable_api_server_is_retryable_not_a_crash(failure: Exception) -> None:
+    """The client's retries end in urllib3's MaxRetryError while the API server restarts."""
+
+    def call() -> None:
+        raise failure
+
+    with pytest.raises(RetryableError, match="get elasticjob ns/a"):
+        asyncio.run(Kube(ApiClient())._call("get elasticjob ns/a", call))
