@@ -160,6 +160,22 @@ def wait_replaced(
     return time.monotonic()
 
 
+def wait_recreated(
+    cluster: Cluster, ns: str, pod: str, *, old_uid: str, timeout_s: float, what: str
+) -> float:
+    """Wait until the pod named ``pod`` (any role) is Running under a new UID; returns when."""
+
+    def recreated() -> bool:
+        out = cluster.kubectl(
+            "get", "pod", pod, "-n", ns, "-o", "jsonpath={.metadata.uid} {.status.phase}",
+            check=False,
+        ).stdout.split()  # fmt: skip
+        return len(out) == 2 and out[0] != old_uid and out[1] == "Running"
+
+    wait_for(recreated, timeout_s, what)
+    return time.monotonic()
+
+
 def uid_of(cluster: Cluster, ns: str, pod: str) -> str:
     return str(cluster.get_json("pod", pod, "-n", ns)["metadata"]["uid"])
 

@@ -29,8 +29,11 @@ from tests.e2e.checks import (
     current_round,
     event_reasons,
     start_etcd_pod,
+    uid_of,
     wait_phase,
+    wait_recreated,
     wait_reformed,
+    wait_replaced,
     wait_training,
     wait_world,
 )
@@ -52,9 +55,7 @@ def test_sigkilled_agent_survivors_reform_and_group_grows_back(
     wait_training(follower, 20, 240, world=3)
 
     victim = "kill-worker-1"
-    old_uid = {
-        p["metadata"]["name"]: p["metadata"]["uid"] for p in worker_pods(cluster, namespace, "kill")
-    }[victim]
+    old_uid = uid_of(cluster, namespace, victim)
     round_at_kill = current_round(follower)
     pids = sigkill_pod_processes(namespace, victim)
     t_kill = time.monotonic()
@@ -65,16 +66,7 @@ def test_sigkilled_agent_survivors_reform_and_group_grows_back(
     seen, world = wait_reformed(follower, round_at_kill, 90)
     assert seen > t_kill and world in (2, 3)
     # ... the operator replaces the pod (a new UID at the same index) ...
-    wait_for(
-        lambda: any(
-            p["metadata"]["name"] == victim
-            and p["metadata"]["uid"] != old_uid
-            and p.get("status", {}).get("phase") == "Running"
-            for p in worker_pods(cluster, namespace, "kill")
-        ),
-        120,
-        f"{victim} replaced and running",
-    )
+    wait_replaced(cluster, namespace, "kill", victim, old_uid=old_uid, timeout_s=120)
     # ... and the group grows back to 3 and finishes.
     wait_world(follower, 3, t_kill, 180, min_round=round_at_kill + 1)
     wait_phase(cluster, namespace, "kill", "Succeeded", 300)
@@ -98,29 +90,13 @@ def test_store_pod_killed_is_recreated_and_training_resumes(
     apply(cluster, namespace, job.manifest())
     wait_training(follower, 20, 240, world=2)
 
-    store = cluster.get_json("pod", "store-store", "-n", namespace)
+    store_uid = uid_of(cluster, namespace, "store-store")
     cluster.kubectl("delete", "pod", "store-store", "-n", namespace, "--grace-period=0", "--force")
     t_kill = time.monotonic()
-    wait_for(
-        lambda: (
-            (
-                p := cluster.kubectl(
-                    "get",
-                    "pod",
-                    "store-store",
-                    "-n",
-                    namespace,
-                    "-o",
-                    "jsonpath={.metadata.uid} {.status.phase}",
-                    check=False,
-                ).stdout.split()
-            )
-            and p[0] != store["metadata"]["uid"]
-            and p[-1] == "Running"
-        ),
-        120,
-        "the store pod recreated and running",
-    )
+    wait_recreated(
+        cluster, namespace, "store-store", old_uid=store_uid, timeout_s=120,
+        what="the store pod recreated and running",
+    )  # fmt: skip
     # The agents re-rendezvous on the new store; the workers restart from the
     # checkpoint and train on.
     wait_for(

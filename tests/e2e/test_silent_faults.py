@@ -33,6 +33,7 @@ from tests.e2e.checks import (
     pod_of_rank,
     uid_of,
     wait_phase,
+    wait_recreated,
     wait_reformed,
     wait_replaced,
     wait_training,
@@ -63,7 +64,11 @@ def _report(what: str, seconds: float) -> None:
     print(f"[measured] {what}: {seconds:.1f} s")
 
 
-def _silent_member_story(
+@pytest.mark.usefixtures("operator_proc")
+@pytest.mark.parametrize(
+    ("name", "cut_network"), [("frozen", False), ("cutoff", True)], ids=["frozen", "cut-off"]
+)
+def test_silent_member_is_replaced_and_the_group_grows_back(
     cluster: Cluster,
     namespace: str,
     follower: LogFollower,
@@ -73,8 +78,9 @@ def _silent_member_story(
     name: str,
     cut_network: bool,
 ) -> None:
-    """A member goes silent; survivors re-form, the operator replaces the pod,
-    the group grows back and the job finishes with nothing lost."""
+    """A member goes silent (frozen, or cut off the network); survivors re-form,
+    the operator replaces the pod, the group grows back and the job finishes
+    with nothing lost."""
     # Long enough that the replacement (verdict, grace period, a new pod
     # importing torch) joins before the survivors alone finish the job.
     steps = 400
@@ -118,32 +124,6 @@ def _silent_member_story(
 
 
 @pytest.mark.usefixtures("operator_proc")
-def test_frozen_member_is_replaced_and_the_group_grows_back(
-    cluster: Cluster,
-    namespace: str,
-    follower: LogFollower,
-    watcher: CheckpointWatcher,
-    ckpt_dir: Path,
-) -> None:
-    _silent_member_story(
-        cluster, namespace, follower, watcher, ckpt_dir, name="frozen", cut_network=False
-    )
-
-
-@pytest.mark.usefixtures("operator_proc")
-def test_member_cut_off_the_network_is_replaced_and_the_group_grows_back(
-    cluster: Cluster,
-    namespace: str,
-    follower: LogFollower,
-    watcher: CheckpointWatcher,
-    ckpt_dir: Path,
-) -> None:
-    _silent_member_story(
-        cluster, namespace, follower, watcher, ckpt_dir, name="cutoff", cut_network=True
-    )
-
-
-@pytest.mark.usefixtures("operator_proc")
 def test_store_frozen_then_a_worker_killed_training_resumes(
     cluster: Cluster,
     namespace: str,
@@ -167,17 +147,11 @@ def test_store_frozen_then_a_worker_killed_training_resumes(
         victim = pod_of_rank(follower, 1)
         pids = sigkill_pod_processes(namespace, victim)
         assert pids and wait_gone(pids), f"{victim}'s processes did not die"
-
-        def store_replaced() -> bool:
-            out = cluster.kubectl(
-                "get", "pod", store, "-n", namespace,
-                "-o", "jsonpath={.metadata.uid} {.status.phase}",
-                check=False,
-            ).stdout.split()  # fmt: skip
-            return len(out) == 2 and out[0] != store_uid and out[1] == "Running"
-
-        wait_for(store_replaced, 120, "the frozen store pod replaced and running")
-        _report(f"{name}: store replaced and Running", time.monotonic() - t_freeze)
+        replaced = wait_recreated(
+            cluster, namespace, store, old_uid=store_uid, timeout_s=120,
+            what="the frozen store pod replaced and running",
+        )  # fmt: skip
+        _report(f"{name}: store replaced and Running", replaced - t_freeze)
         resumed = wait_training(follower, 0, 180, after=time.monotonic())
         _report(f"{name}: training again after the store froze", resumed - t_freeze)
     finally:
