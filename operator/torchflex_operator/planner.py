@@ -553,6 +553,10 @@ class _Pass:
             training.idle(self, Reason.JOB_FINISHED, f"the job {phase}; nothing runs")
         elif self.s.phase is Phase.SUSPENDED:
             training.idle(self, Reason.SUSPENDED_BY_USER, "spec.suspend is true")
+        # Every condition was weighed against this spec, kept or changed (metav1.Condition).
+        gen = self.job.generation
+        conds = tuple(replace(c, observed_generation=gen) for c in self.s.conditions or ())
+        self.s = replace(self.s, conditions=conds)
         self.counts()
         training.progress(self)
         decided = [(e.type, e.reason.value, e.message) for e in self.plan.events]
