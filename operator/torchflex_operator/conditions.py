@@ -3,9 +3,9 @@
 Where it sits: used by the planner on the ``JobStatus.conditions`` it builds
 (typed ``status.Condition`` values). A condition whose status did not change
 keeps its old transition time, so a pass that changes nothing produces an
-identical status and no write. Each condition set carries the
+identical status and no write. A condition set carries the
 ``observedGeneration`` of the spec it was decided from, as
-``metav1.Condition`` does.
+``metav1.Condition`` does (the planner stamps the ones it kept too).
 """
 
 from __future__ import annotations

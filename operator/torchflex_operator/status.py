@@ -193,7 +193,7 @@ class Condition(Record):
     message: str = ""
     last_transition_time: dt.datetime | None = None
     observed_generation: int | None = None
-    """``metadata.generation`` of the spec the pass that set it planned from."""
+    """``metadata.generation`` of the spec the latest pass weighed it against."""
 
     def is_type(self, ctype: ConditionType) -> bool:
         return self.type == ctype.value
