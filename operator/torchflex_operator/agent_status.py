@@ -157,6 +157,8 @@ class StatusPoller:
         self._last: dict[object, tuple[float, dict[str, AgentReport], frozenset[str]]] = {}
         self._watches: dict[object, asyncio.Task[None]] = {}
         self._armed_at: dict[object, float] = {}
+        self.wakes = 0
+        """How many times a held long poll woke a job (logged; read by tests)."""
 
     def forget(self, key: object) -> None:
         self._last.pop(key, None)
@@ -209,6 +211,7 @@ class StatusPoller:
                 continue  # held for the whole wait: nothing moved
             # The round moved, the agent is ending, or it stopped answering
             # (its pod went away): whatever it is, look again now.
+            self.wakes += 1
             log.debug("status watch %s: round %s -> %s", key, after, report and report.round)
             last = self._last.get(key)
             if last is not None:
