@@ -55,10 +55,7 @@ def reformed_after(logs: Sequence[LineLog], lost_at: float) -> None:
 
 @pytest.mark.timeout(150)
 def test_sigkill_one_agent_survivors_resume_from_same_step(job: Job) -> None:
-    job.start_store()
-    logs = [job.start_agent(job.train_args(), "2:3") for _ in range(3)]
-    for log in logs:
-        log.wait_for(lambda s: bool(re.search(r"step=8 .*world=3 ", s)), 90)
+    logs = job.train_together(3, "2:3", r"step=8 .*world=3 ", 90)
     victim = next(log for log in logs if node_rank(log) != 0)
     survivors = [log for log in logs if log is not victim]
     rank0 = next(log for log in survivors if node_rank(log) == 0)
@@ -101,10 +98,7 @@ def test_sigkill_one_agent_survivors_resume_from_same_step(job: Job) -> None:
 
 @pytest.mark.timeout(150)
 def test_sigterm_preempts_with_checkpoint(job: Job) -> None:
-    job.start_store()
-    logs = [job.start_agent(job.train_args(), "2:2") for _ in range(2)]
-    for log in logs:
-        log.wait_for(lambda s: "step=7 " in s, 90)
+    logs = job.train_together(2, "2:2", "step=7 ", 90)
     termed_at = time.monotonic()
     assert preempt(logs, 40) == [ExitCode.PREEMPTED] * 2
     last_step = max(step for log in logs for _, step, _ in steps_of(log))
@@ -119,10 +113,7 @@ def test_sigterm_preempts_with_checkpoint(job: Job) -> None:
 
 @pytest.mark.timeout(150)
 def test_store_restart_agents_reform(job: Job) -> None:
-    job.start_store()
-    logs = [job.start_agent(job.train_args(), "2:2") for _ in range(2)]
-    for log in logs:
-        log.wait_for(lambda s: "step=6 " in s, 90)
+    logs = job.train_together(2, "2:2", "step=6 ", 90)
     lost_at = job.kill_store()
     time.sleep(1.0)  # the store pod takes a moment to come back
     job.start_store(job.port)

@@ -99,10 +99,7 @@ def ckpt_lines(log: LineLog, after: float) -> list[int]:
 
 @pytest.mark.timeout(240)
 def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
-    fjob.start_store()
-    logs = [fjob.start_agent(fjob.train_args(steps=3000), "2:3") for _ in range(3)]
-    for log in logs:
-        log.wait_for(lambda s: bool(re.search(r"step=8 .*world=3 ", s)), 120)
+    logs = fjob.train_together(3, "2:3", r"step=8 .*world=3 ", 120, steps=3000)
     # Freeze node rank 0: its worker is global rank 0, the one that saves.
     victim = next(log for log in logs if node_rank(log) == 0)
     survivors = [log for log in logs if log is not victim]
@@ -159,10 +156,7 @@ def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
 @pytest.mark.timeout(240)
 def test_workers_of_a_frozen_agent_fence_themselves(fjob: FenceJob) -> None:
     """Only the agent freezes: its workers run on, and must stop writing by themselves."""
-    fjob.start_store()
-    logs = [fjob.start_agent(fjob.train_args(steps=3000), "2:3") for _ in range(3)]
-    for log in logs:
-        log.wait_for(lambda s: bool(re.search(r"step=8 .*world=3 ", s)), 120)
+    logs = fjob.train_together(3, "2:3", r"step=8 .*world=3 ", 120, steps=3000)
     victim = next(log for log in logs if node_rank(log) == 0)  # hosts global rank 0
     survivors = [log for log in logs if log is not victim]
     landed: list[CheckpointMeta] = []
@@ -206,10 +200,7 @@ def test_workers_of_a_frozen_agent_fence_themselves(fjob: FenceJob) -> None:
 
 @pytest.mark.timeout(240)
 def test_frozen_store_detected_reported_and_training_resumes(fjob: FenceJob) -> None:
-    fjob.start_store()
-    logs = [fjob.start_agent(fjob.train_args(steps=3000), "2:2") for _ in range(2)]
-    for log in logs:
-        log.wait_for(lambda s: "step=6 " in s, 120)
+    logs = fjob.train_together(2, "2:2", "step=6 ", 120, steps=3000)
     assert fjob.store is not None
     fjob.frozen = [fjob.store.pid]
     os.kill(fjob.store.pid, signal.SIGSTOP)

@@ -160,6 +160,17 @@ class Job:
         self.agents.append(log)
         return log
 
+    def train_together(
+        self, count: int, nnodes: str, until: str, timeout: float, steps: int = 400
+    ) -> list[LineLog]:
+        """A store and ``count`` agents training the example, once each printed a line
+        matching the regular expression ``until``."""
+        self.start_store()
+        logs = [self.start_agent(self.train_args(steps), nnodes) for _ in range(count)]
+        for log in logs:
+            log.wait_for(lambda s: re.search(until, s) is not None, timeout)
+        return logs
+
     def train_args(self, steps: int = 400) -> list[str]:
         return [PYTHON, EXAMPLE, "--steps", str(steps), "--step-time", "0.1",
                 "--ckpt-dir", str(self.ckpt), "--ckpt-every", "5"]  # fmt: skip
