@@ -43,6 +43,7 @@ from torchflex_operator.observed import PodView
 log = logging.getLogger(__name__)
 
 _MAX_BODY = 64 * 1024
+_LONG_POLL_MARGIN_S = 5.0
 
 
 def final_report(pod: PodView) -> AgentReport | None:
@@ -202,7 +203,10 @@ class StatusPoller:
     async def _hold(self, key: object, ip: str, after: int) -> None:
         for _ in range(self.watch_polls):  # bounded; the next pass arms a new one
             started = time.monotonic()
-            answered, report = await wait_round(ip, self.port, after, self.watch_wait, self.timeout)
+            # A generous margin past the wait: a held request timing out on our
+            # side would read as "the agent went away" and wake the job for nothing.
+            margin = max(self.timeout, _LONG_POLL_MARGIN_S)
+            answered, report = await wait_round(ip, self.port, after, self.watch_wait, margin)
             if answered and report is None:
                 return  # an agent without long polls (404): the regular poll serves it
             if report is not None and report.round == after and report.state not in ENDING_STATES:
