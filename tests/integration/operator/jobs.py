@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from e2e.cluster import Cluster
+from tests.support import wait_for
 from torchflex_contract import env, labels
 
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
@@ -75,6 +76,22 @@ def apply(cluster: Cluster, namespace: str, job: dict[str, Any]) -> None:
 
 def get_job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return cluster.get_json("elasticjob", name, "-n", namespace)
+
+
+def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    """The job's status ({} before the operator wrote one)."""
+    return dict(get_job(cluster, namespace, name).get("status") or {})
+
+
+def wait_job_phase(
+    cluster: Cluster, namespace: str, name: str, phase: str, timeout_s: float
+) -> None:
+    """Wait (bounded) until the job's phase is ``phase``; fails the test otherwise."""
+    wait_for(
+        lambda: job_status(cluster, namespace, name).get("phase") == phase,
+        timeout_s,
+        f"job {name} {phase}",
+    )
 
 
 def pods(cluster: Cluster, namespace: str, name: str, role: str = "worker") -> list[dict[str, Any]]:

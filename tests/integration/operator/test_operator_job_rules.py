@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
 
 import pytest
 
@@ -21,11 +20,13 @@ from tests.integration.operator.jobs import (
     event_messages,
     events,
     get_job,
+    job_status,
     kwok_job,
     live_workers,
     patch_spec,
     pods,
     process_job,
+    wait_job_phase,
 )
 from tests.support import wait_for
 from torchflex_contract import labels
@@ -33,10 +34,6 @@ from torchflex_operator.metrics import Metrics
 from torchflex_operator.reconciler import Reconciler
 
 pytestmark = pytest.mark.cluster
-
-
-def status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
-    return dict(get_job(cluster, ns, name).get("status") or {})
 
 
 def job_exists(cluster: Cluster, ns: str, name: str) -> bool:
@@ -56,13 +53,13 @@ def test_suspend_deletes_pods_keeps_job_and_resume_recreates(
     cluster.kwok_nodes(2, prefix="op-kwok")
     name = "susp"
     apply(cluster, namespace, kwok_job(name, minReplicas=1, maxReplicas=2))
-    wait_for(lambda: status(cluster, namespace, name).get("phase") == "Running", 60, "Running")
+    wait_job_phase(cluster, namespace, name, "Running", 60)
     before = live_workers(cluster, namespace, name)
     assert len(before) == 2
 
     patch_spec(cluster, namespace, name, suspend=True)
     wait_for(lambda: not all_pods(cluster, namespace, name), 60, "every pod deleted")
-    st = status(cluster, namespace, name)
+    st = job_status(cluster, namespace, name)
     assert st["phase"] == "Suspended" and "startTime" not in st
     cond = condition(get_job(cluster, namespace, name), "Suspended")
     assert cond is not None and (cond["status"], cond["reason"]) == ("True", "SuspendedByUser")
@@ -71,7 +68,7 @@ def test_suspend_deletes_pods_keeps_job_and_resume_recreates(
 
     patch_spec(cluster, namespace, name, suspend=False)
     wait_for(lambda: len(live_workers(cluster, namespace, name)) == 2, 60, "2 workers again")
-    wait_for(lambda: status(cluster, namespace, name).get("phase") == "Running", 60, "Running")
+    wait_job_phase(cluster, namespace, name, "Running", 60)
     assert not set(live_workers(cluster, namespace, name).values()) & set(before.values())
     cond = condition(get_job(cluster, namespace, name), "Suspended")
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "Resumed")
@@ -100,7 +97,7 @@ def test_active_deadline_fails_the_job_with_condition_and_event(
     cluster.kwok_nodes(2, prefix="op-kwok")
     name = "deadline"
     apply(cluster, namespace, kwok_job(name, minReplicas=1, maxReplicas=2, activeDeadlineSeconds=3))
-    wait_for(lambda: status(cluster, namespace, name).get("phase") == "Failed", 60, "Failed")
+    wait_job_phase(cluster, namespace, name, "Failed", 60)
     cond = condition(get_job(cluster, namespace, name), "Failed")
     assert cond is not None and (cond["status"], cond["reason"]) == ("True", "DeadlineExceeded")
     failed = [m for r, m in event_messages(cluster, namespace, name) if r == "Failed"]
@@ -115,7 +112,7 @@ def test_below_min_replicas_too_long_fails_with_reason(
     job = kwok_job(name, minReplicas=2, maxReplicas=2, minAvailableTimeoutSeconds=3)
     job["spec"]["template"]["spec"]["nodeSelector"] = {"torchflex-test": "no-such-node"}
     apply(cluster, namespace, job)
-    wait_for(lambda: status(cluster, namespace, name).get("phase") == "Failed", 60, "Failed")
+    wait_job_phase(cluster, namespace, name, "Failed", 60)
     obj = get_job(cluster, namespace, name)
     cond = condition(obj, "Failed")
     assert cond is not None and cond["reason"] == "MinAvailableTimeout"
@@ -133,7 +130,7 @@ def test_changed_spec_rolls_pods_one_at_a_time(
     name = "roll"
     job = kwok_job(name, minReplicas=1, maxReplicas=3)
     apply(cluster, namespace, job)
-    wait_for(lambda: status(cluster, namespace, name).get("readyReplicas") == 3, 60, "3 ready")
+    wait_for(lambda: job_status(cluster, namespace, name).get("readyReplicas") == 3, 60, "3 ready")
     before = live_workers(cluster, namespace, name)
     old_hash = pods(cluster, namespace, name)[0]["metadata"]["annotations"][
         labels.Annotation.SPEC_HASH
@@ -147,7 +144,7 @@ def test_changed_spec_rolls_pods_one_at_a_time(
             p for p in pods(cluster, namespace, name) if not p["metadata"].get("deletionTimestamp")
         ]
         hashes = {p["metadata"]["annotations"][labels.Annotation.SPEC_HASH] for p in live}
-        st = status(cluster, namespace, name)
+        st = job_status(cluster, namespace, name)
         return len(live) == 3 and old_hash not in hashes and st.get("updatedReplicas") == 3
 
     wait_for(rolled, 120, "every worker on the new spec")
@@ -160,7 +157,7 @@ def test_changed_spec_rolls_pods_one_at_a_time(
     # One running worker per step: three steps, each naming exactly one pod.
     assert len(rolling) == 3, rolling
     assert all(m.count(f"{name}-worker-") == 1 for m in rolling), rolling
-    st = status(cluster, namespace, name)
+    st = job_status(cluster, namespace, name)
     assert st["failures"] == 0 and st["replacements"] == 0 and st["phase"] == "Running"
 
 
@@ -178,7 +175,9 @@ def test_idle_operator_resyncs_from_cache_without_api_requests(
     fast_resync = dataclasses.replace(TEST_SETTINGS, resync_s=0.5)
     with run_operator(cluster, namespace, settings=fast_resync) as reconciler:
         apply(cluster, namespace, kwok_job(name, minReplicas=1, maxReplicas=2))
-        wait_for(lambda: status(cluster, namespace, name).get("readyReplicas") == 2, 60, "ready")
+        wait_for(
+            lambda: job_status(cluster, namespace, name).get("readyReplicas") == 2, 60, "ready"
+        )
         m = reconciler.metrics
 
         def settled() -> bool:

@@ -15,11 +15,12 @@ from tests.integration.operator.conftest import run_operator
 from tests.integration.operator.jobs import (
     apply,
     events,
-    get_job,
+    job_status,
     kwok_job,
     live_workers,
     pods,
     process_job,
+    wait_job_phase,
 )
 from tests.support import wait_for
 from torchflex_contract import env, labels
@@ -27,10 +28,6 @@ from torchflex_operator.reconciler import Reconciler
 
 pytestmark = pytest.mark.cluster
 W = labels.worker_pod_name
-
-
-def status(cluster: Cluster, ns: str, name: str) -> dict[str, object]:
-    return dict(get_job(cluster, ns, name).get("status") or {})
 
 
 def test_create_scale_restart_replace_and_delete(
@@ -51,13 +48,13 @@ def test_create_scale_restart_replace_and_delete(
     assert pod["spec"]["subdomain"] == f"{name}-workers"
     assert pod["metadata"]["ownerReferences"][0]["kind"] == labels.KIND
     assert pod["spec"]["containers"][0]["command"][:2] == ["env", "--"]
-    wait_for(lambda: status(cluster, namespace, name).get("phase") == "Running", 60, "Running")
+    wait_job_phase(cluster, namespace, name, "Running", 60)
     before = live_workers(cluster, namespace, name)
 
     # Scale up through the scale subresource.
     cluster.kubectl("scale", "-n", namespace, f"ej/{name}", "--replicas=3")
     wait_for(lambda: len(live_workers(cluster, namespace, name)) == 3, 60, "3 workers")
-    assert status(cluster, namespace, name).get("desiredReplicas") == 3
+    assert job_status(cluster, namespace, name).get("desiredReplicas") == 3
     # Scale down removes the highest index.
     cluster.kubectl("scale", "-n", namespace, f"ej/{name}", "--replicas=2")
     wait_for(lambda: set(live_workers(cluster, namespace, name)) == set(before), 60, "back to 2")
@@ -75,7 +72,7 @@ def test_create_scale_restart_replace_and_delete(
         return len(now) == 2 and before[victim] not in now.values()
 
     wait_for(replaced, 60, "replacement of worker-0")
-    assert status(cluster, namespace, name).get("failures") == 0
+    assert job_status(cluster, namespace, name).get("failures") == 0
 
     # Deleting the job removes everything it owns (the real garbage collector).
     cluster.kubectl("delete", "ej", "-n", namespace, name, "--wait=false")
@@ -152,7 +149,7 @@ def test_eviction_and_node_loss_are_replaced_not_counted(
     assert node in nodes
     cluster.delete_node(node)
     wait_for(lambda: replaced(before[W(name, 0)], node), 150, "worker-0 replaced elsewhere")
-    st = status(cluster, namespace, name)
+    st = job_status(cluster, namespace, name)
     assert st.get("failures") == 0
     assert st.get("phase") != "Failed"
 
@@ -175,14 +172,14 @@ def test_user_error_counts_until_backoff_limit(
             name, cluster.process_node, command, minReplicas=1, maxReplicas=1, backoffLimit=1
         ),
     )
-    wait_for(lambda: status(cluster, namespace, name).get("phase") == "Failed", 120, "Failed")
-    st = status(cluster, namespace, name)
+    wait_job_phase(cluster, namespace, name, "Failed", 120)
+    st = job_status(cluster, namespace, name)
     assert st["failures"] == 2
-    conditions = {c["type"]: c for c in st["conditions"]}  # type: ignore[attr-defined]
+    conditions = {c["type"]: c for c in st["conditions"]}
     assert conditions["Failed"]["reason"] == "BackoffLimitExceeded"
     last = st["lastFailure"]
-    assert last["reason"] == "UserError" and last["exitCode"] == 1  # type: ignore[index]
-    assert "boom" in last["message"]  # type: ignore[index]
+    assert last["reason"] == "UserError" and last["exitCode"] == 1
+    assert "boom" in last["message"]
     assert "PodFailed" in events(cluster, namespace, name)
     # The last failed pod is kept for its logs (cleanPodPolicy Running).
     assert pods(cluster, namespace, name)[0]["status"]["phase"] == "Failed"
@@ -207,11 +204,11 @@ def test_worker_success_completes_the_job_once_no_worker_runs(
     apply(cluster, namespace, job)
     wait_for(lambda: "Completing" in events(cluster, namespace, name), 60, "Completing")
     # worker-1 exited 0 but worker-0 still works: nothing stops it, no Succeeded yet.
-    assert status(cluster, namespace, name).get("phase") == "Running"
+    assert job_status(cluster, namespace, name).get("phase") == "Running"
     assert W(name, 0) in live_workers(cluster, namespace, name)
     # It ends (deleted here; a pod being deleted is no longer awaited): the job succeeds.
     cluster.kubectl("delete", "pod", "-n", namespace, W(name, 0), "--wait=false")
-    wait_for(lambda: status(cluster, namespace, name).get("phase") == "Succeeded", 120, "Succeeded")
+    wait_job_phase(cluster, namespace, name, "Succeeded", 120)
     assert "Succeeded" in events(cluster, namespace, name)
 
 
@@ -222,8 +219,10 @@ def test_restart_keeps_status_and_catches_up_on_missed_changes(
     name = "reborn"
     with run_operator(cluster, namespace):
         apply(cluster, namespace, kwok_job(name, minReplicas=1, maxReplicas=4, replicas=3))
-        wait_for(lambda: status(cluster, namespace, name).get("readyReplicas") == 3, 60, "3 ready")
-        before = status(cluster, namespace, name)
+        wait_for(
+            lambda: job_status(cluster, namespace, name).get("readyReplicas") == 3, 60, "3 ready"
+        )
+        before = job_status(cluster, namespace, name)
     # Operator down: the job is scaled and a pod vanishes; nobody watches.
     cluster.kubectl("scale", "-n", namespace, f"ej/{name}", "--replicas=4")
     gone = live_workers(cluster, namespace, name)[W(name, 1)]
@@ -232,11 +231,11 @@ def test_restart_keeps_status_and_catches_up_on_missed_changes(
 
         def caught_up() -> bool:
             now = live_workers(cluster, namespace, name)
-            st = status(cluster, namespace, name)
+            st = job_status(cluster, namespace, name)
             return len(now) == 4 and gone not in now.values() and st.get("readyReplicas") == 4
 
         wait_for(caught_up, 60, "4 workers, the lost one replaced")
-        after = status(cluster, namespace, name)
+        after = job_status(cluster, namespace, name)
     indices = [
         p["metadata"]["labels"][labels.Label.REPLICA_INDEX] for p in pods(cluster, namespace, name)
     ]
@@ -245,8 +244,8 @@ def test_restart_keeps_status_and_catches_up_on_missed_changes(
     # Nothing the first incarnation recorded was lost or reset by the second.
     for key in ("startTime", "rendezvousHost", "failures", "replacements", "phase"):
         assert after[key] == before[key], key
-    cond = {c["type"]: c for c in after["conditions"]}  # type: ignore[attr-defined]
-    old = {c["type"]: c for c in before["conditions"]}  # type: ignore[attr-defined]
+    cond = {c["type"]: c for c in after["conditions"]}
+    old = {c["type"]: c for c in before["conditions"]}
     # Never dipped below minReplicas in between (the transition time would move).
     assert cond["MinAvailable"]["lastTransitionTime"] == old["MinAvailable"]["lastTransitionTime"]
     assert after["desiredReplicas"] == 4

@@ -42,6 +42,7 @@ from tests.integration.operator.jobs import (
     kwok_job,
     pods,
     process_job,
+    wait_job_phase,
 )
 from tests.support import wait_for
 from torchflex_contract import env, labels
@@ -332,11 +333,7 @@ def test_command_that_cannot_start_fails_the_job_at_once(
             name, cluster.process_node, command, minReplicas=1, maxReplicas=2, backoffLimit=6
         )
         apply(cluster, namespace, job)
-        wait_for(
-            lambda: get_job(cluster, namespace, name).get("status", {}).get("phase") == "Failed",
-            90,
-            "the job Failed",
-        )
+        wait_job_phase(cluster, namespace, name, "Failed", 90)
         st = get_job(cluster, namespace, name)["status"]
         failed = condition(get_job(cluster, namespace, name), "Failed")
         assert failed is not None and failed["reason"] == "BadCommand"

@@ -18,7 +18,15 @@ import pytest
 
 from e2e.cluster import Cluster
 from tests.integration.operator.conftest import run_operator
-from tests.integration.operator.jobs import apply, condition, get_job, patch_spec, pods, process_job
+from tests.integration.operator.jobs import (
+    apply,
+    condition,
+    get_job,
+    patch_spec,
+    pods,
+    process_job,
+    wait_job_phase,
+)
 from tests.support import wait_for
 from torchflex_contract import env, labels
 from torchflex_contract.progress import TERMINATION_LOG
@@ -141,11 +149,7 @@ def test_failed_job_carries_its_agents_restarts_round_and_root_cause(
             name, cluster.process_node, command, minReplicas=1, maxReplicas=1, backoffLimit=0
         )
         apply(cluster, namespace, job)
-        wait_for(
-            lambda: get_job(cluster, namespace, name).get("status", {}).get("phase") == "Failed",
-            90,
-            "the job Failed",
-        )
+        wait_job_phase(cluster, namespace, name, "Failed", 90)
         st = get_job(cluster, namespace, name)["status"]
     assert (st["restarts"], st["rendezvousRound"]) == (2, 1), st
     cause = st["lastFailure"]["rootCause"]
