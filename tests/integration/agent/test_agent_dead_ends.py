@@ -302,7 +302,9 @@ def test_sigterm_while_connecting_exits_at_once(
         finally:
             stop_process(log.proc)
     assert code == ExitCode.PREEMPTED, log.text()[-2000:]
-    assert took < 3.0, f"SIGTERM took {took:.1f}s while connecting"
+    # Connecting has no deadline: without the signal handler it would still be waiting at
+    # wait(30). The bound tells the two apart with room for a loaded machine.
+    assert took < 10.0, f"SIGTERM took {took:.1f}s while connecting"
     assert AgentReport.from_json(report_path.read_text()).state is AgentState.LEAVING
     print(f"\nSIGTERM_CONNECTING backend={backend} endpoint={endpoint} exit_s={took:.2f}")
 

@@ -93,7 +93,9 @@ def assert_one_group(results: list[RendezvousResult], size: int) -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("n", [3, 16])
 def test_n_agents_form_one_group(backend: Backend, n: int) -> None:
-    settings = RendezvousSettings(1, n, last_call=5.0, join_timeout=30)
+    # A last call far longer than forming takes, so the check below tells "closed when
+    # max joined" from "waited out the last call" even on a loaded machine.
+    settings = RendezvousSettings(1, n, last_call=30.0, join_timeout=60)
     run_id = new_run_id()
     rdzvs = [make_rdzv(backend, run_id, f"n{i}", settings) for i in range(n)]
     t0 = time.monotonic()
@@ -101,8 +103,8 @@ def test_n_agents_form_one_group(backend: Backend, n: int) -> None:
     wall = time.monotonic() - t0
     assert [o.error for o in outcomes] == [None] * n
     assert_one_group([o.result for o in outcomes if o.result], n)
-    # max nodes joined: closing must not wait out the 5 s last call.
-    assert wall < 4.0, f"rendezvous of {n} took {wall:.2f}s"
+    # max nodes joined: closing must not wait out the 30 s last call.
+    assert wall < 15.0, f"rendezvous of {n} took {wall:.2f}s"
     print(f"\nRDZV_TIME backend={backend.name} n={n} wall_ms={wall * 1000:.1f}")
 
 
@@ -158,7 +160,8 @@ def test_closes_after_last_call_once_min_reached(backend: Backend) -> None:
     outcomes = join_all([make_rdzv(backend, run_id, f"n{i}", settings) for i in range(2)])
     assert_one_group([o.result for o in outcomes if o.result], 2)
     slowest = max(o.elapsed for o in outcomes)
-    assert 0.5 <= slowest < 3.0, f"closed after {slowest:.2f}s, last call is 0.6s"
+    # Closed by the last call (0.6 s), not by the 20 s join timeout.
+    assert 0.5 <= slowest < 10.0, f"closed after {slowest:.2f}s, last call is 0.6s"
 
 
 @pytest.mark.timeout(60)
@@ -299,15 +302,15 @@ def test_sigterm_leave_is_seen_at_once(backend: Backend) -> None:
     survivors = members if proc is not None else members[:2]
     monitors = start_monitors(survivors)
     try:
-        left_at = time.monotonic()
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
         else:
             leaver, result = members[2]
             leaver.mark_stale(result.round, RestartReason.MEMBER_LEFT, "bye")
+        # MemberLeft, not MemberLost: seen from the leaver's own mark, not from its
+        # heartbeats stopping (a wall-clock bound here would only measure the machine's load).
         for mon, wake in monitors:
             assert wait_event(mon, wake, 5.0) is RestartReason.MEMBER_LEFT
-        assert time.monotonic() - left_at < 1.0  # no heartbeat timeout involved
         if proc is not None:
             assert proc.wait(10) == 0
     finally:
