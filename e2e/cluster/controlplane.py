@@ -30,6 +30,15 @@ from e2e.cluster.layout import (
 from e2e.localproc import free_port
 from e2e.toolchain.versions import KWOK_VERSION
 
+# Gang scheduling of each job's minimum (docs/operations.md): the Workload and
+# PodGroup API is beta in v1.37 and off by default, so every cluster turns on
+# the gate in the API server (serves the API, keeps pods' spec.schedulingGroup),
+# scheduler (the GangScheduling plugin, the pod-group cycle) and
+# controller-manager (its PodGroup protection controller keeps a group until
+# its pods are gone), and the group version in the API server.
+FEATURE_GATES = "--feature-gates=GenericWorkload=true"
+RUNTIME_CONFIG = "--runtime-config=scheduling.k8s.io/v1beta1=true"
+
 
 class ClusterStartError(RuntimeError):
     """A daemon did not become healthy in time; the message has its log tail."""
@@ -100,6 +109,8 @@ def apiserver_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
         "--allow-privileged=true",
         "--profiling=false",
         "--endpoint-reconciler-type=none",
+        FEATURE_GATES,
+        RUNTIME_CONFIG,
         "--v=1",
     ]
 
@@ -126,6 +137,7 @@ def controller_manager_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
         # Tests delete nodes and expect pods to be replaced without a long wait.
         "--terminated-pod-gc-threshold=1000",
         "--node-monitor-grace-period=20s",
+        FEATURE_GATES,
         "--v=1",
     ]
 
@@ -140,6 +152,7 @@ def scheduler_argv(bin_dir: Path, lay: Layout, p: Ports) -> list[str]:
         "--bind-address=127.0.0.1",
         f"--secure-port={p.scheduler}",
         "--leader-elect=false",
+        FEATURE_GATES,
         "--v=1",
     ]
 

@@ -18,7 +18,7 @@ import os
 
 from torchflex_contract import env, labels
 from torchflex_contract.labels import Annotation, Role
-from torchflex_operator import backends
+from torchflex_operator import backends, gang
 from torchflex_operator.manifests import (
     Manifest,
     headless_service,
@@ -28,6 +28,7 @@ from torchflex_operator.manifests import (
 )
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
+from torchflex_operator.vocabulary import GangScheduling
 
 GPU_RESOURCE = "nvidia.com/gpu"
 _WRAPPED = ("torchflex-agent", "torchrun")
@@ -158,6 +159,8 @@ def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = labels.workers_service_name(job.name)
     _node_loss_tolerations(pod_spec, settings.node_loss_toleration_s)
+    if settings.gang_scheduling is GangScheduling.ENABLED:
+        pod_spec["schedulingGroup"] = gang.scheduling_group(job)
     pod_labels = {**(meta.get("labels") or {}), **object_labels(job, Role.WORKER, index)}
     annotations = {
         **(meta.get("annotations") or {}),

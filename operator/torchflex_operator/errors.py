@@ -60,5 +60,10 @@ class RefusedError(PermanentError):
         self.server_message = server_message
 
 
+class ApiAbsentError(PermanentError):
+    """The API answered 404 for an optional group version's object (PodGroups on a
+    cluster without the Workload API): the caller falls back instead of failing."""
+
+
 class InvalidSpecError(PermanentError):
     """The job's spec cannot be run (the schema should have caught it)."""

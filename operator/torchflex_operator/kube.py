@@ -24,8 +24,10 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from torchflex_contract import labels
+from torchflex_operator import gang
 from torchflex_operator.errors import (
     AccessDeniedError,
+    ApiAbsentError,
     ConflictError,
     NotLeaderError,
     PermanentError,
@@ -124,6 +126,7 @@ class Kube:
         self.custom = client.CustomObjectsApi(api_client)
         self.networking = client.NetworkingV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
+        self.scheduling = client.SchedulingV1beta1Api(api_client)
         self.on_request = on_request
         """Called with the verb and the HTTP status code (``<error>``: no response)
         of every request made here (metrics)."""
@@ -323,6 +326,64 @@ class Kube:
             ),
         )
         return [self._dict(p) for p in result.items]
+
+    # -- the job's PodGroup (gang scheduling; an optional API) -----------------------
+
+    async def pod_groups_served(self) -> bool:
+        """Whether the API serves ``scheduling.k8s.io/v1beta1`` PodGroups (discovery,
+        which RBAC grants every authenticated client: no rule in the chart)."""
+        try:
+            resources: Any = await self._call(
+                "get apiresources scheduling.k8s.io/v1beta1",
+                lambda: self.scheduling.get_api_resources(_request_timeout=_TIMEOUT_S),
+            )
+        except PermanentError as exc:
+            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+                return False
+            raise
+        return any(r.name == "podgroups" for r in resources.resources or ())
+
+    async def apply_pod_group(self, manifest: Mapping[str, Any]) -> None:
+        """Create the PodGroup, or bring an existing one's gang ``minCount`` to the
+        manifest's (the one field of it that may change). ``ApiAbsentError`` when the
+        API answers 404: the group version is not served (or the namespace is gone)."""
+        ns = manifest["metadata"]["namespace"]
+        name = manifest["metadata"]["name"]
+        body: Any = dict(manifest)
+        what = f"create podgroup {ns}/{name}"
+        try:
+            await self._call(
+                what,
+                lambda: self.scheduling.create_namespaced_pod_group(
+                    ns, body, _request_timeout=_TIMEOUT_S
+                ),
+            )
+            return
+        except ConflictError:
+            pass  # already there: compare its minCount below
+        except PermanentError as exc:
+            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+                raise ApiAbsentError(str(exc)) from exc.__cause__
+            raise _refusal(exc) from exc.__cause__
+        current: Any = await self._call(
+            f"get podgroup {ns}/{name}",
+            lambda: self.scheduling.read_namespaced_pod_group(
+                name, ns, _request_timeout=_TIMEOUT_S
+            ),
+        )
+        patch = gang.min_count_patch(manifest, self._dict(current))
+        if patch is None:
+            return
+        await self._call(
+            f"patch podgroup {ns}/{name}",
+            lambda: self.scheduling.patch_namespaced_pod_group(
+                name,
+                ns,
+                patch,
+                _content_type="application/merge-patch+json",
+                _request_timeout=_TIMEOUT_S,
+            ),
+        )
 
     # -- events -------------------------------------------------------------------
 

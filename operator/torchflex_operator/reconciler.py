@@ -18,6 +18,7 @@ the ``leader`` gate: a standby replica takes no key and writes nothing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -25,12 +26,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchflex_contract import labels
-from torchflex_operator import events
+from torchflex_operator import events, gang
 from torchflex_operator.agent_status import StatusPoller
 from torchflex_operator.cache import JobKey, NodeCache, OwnedCache
 from torchflex_operator.defaulting import replicas_patch
 from torchflex_operator.errors import (
     AccessDeniedError,
+    ApiAbsentError,
     ConflictError,
     InvalidSpecError,
     PermanentError,
@@ -48,7 +50,7 @@ from torchflex_operator.planner import Plan, plan
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 from torchflex_operator.status import JobStatus
-from torchflex_operator.vocabulary import EventReason, EventType
+from torchflex_operator.vocabulary import EventReason, EventType, GangScheduling
 from torchflex_operator.workqueue import WorkQueue, cancel_all
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,8 @@ class Reconciler:
         self._posted: dict[JobKey, set[int]] = {}
         """Ids of the job's ``status.pendingEvents`` posted by this process."""
         self._denied_warned_at: float | None = None
+        self._gangs: dict[JobKey, int] = {}
+        """The gang ``minCount`` this process wrote to each job's PodGroup (``gang``)."""
         self.metrics.instrument(self.queue, lambda: self.jobs if self.gate.active else {})
 
     # -- lifecycle ------------------------------------------------------------------
@@ -133,6 +137,7 @@ class Reconciler:
         self._failures.pop(key, None)
         self._refusals.pop(key, None)
         self._posted.pop(key, None)
+        self._gangs.pop(key, None)
 
     def _gate_changed(self, active: bool) -> None:
         self.metrics.active.set(1 if active else 0)
@@ -266,7 +271,13 @@ class Reconciler:
             await self._event(obj, EventType.WARNING, EventReason.INVALID_SPEC, str(exc), now)
             raise
         observed = await self.observe(key, now)
+        mode = await self._gang_mode()
         result = plan(job, JobStatus.parse(obj.get("status") or {}), observed, now, self.settings)
+        if result.status is not None:  # None: the job is being deleted
+            result.status = dataclasses.replace(result.status, gang_scheduling=mode)
+            phase = result.status.phase
+            if mode is GangScheduling.ENABLED and not (phase is not None and phase.finished):
+                await self._apply_gang(key, job)
         await self.apply(key, obj, result, now)
         self.metrics.job_phase(key, None if result.status is None else result.status.phase)
         requeue = result.requeue_after
@@ -282,6 +293,29 @@ class Reconciler:
             wake = EXPECTATION_TIMEOUT.total_seconds() + 1.0
             requeue = wake if requeue is None else min(requeue, wake)
         return requeue
+
+    async def _gang_mode(self) -> GangScheduling:
+        """Whether the API serves PodGroups, asked once per process (``gang``)."""
+        mode = self.settings.gang_scheduling
+        if mode is None:
+            mode = gang.mode(await self.kube.pod_groups_served())
+            log.info("gang scheduling of each job's minimum: %s", mode.value)
+            self.settings = dataclasses.replace(self.settings, gang_scheduling=mode)
+        return mode
+
+    async def _apply_gang(self, key: JobKey, job: JobSpec) -> None:
+        """Create the job's PodGroup (before its pods: a pod naming a group that is not
+        there waits) or bring its ``minCount`` to a changed ``minReplicas``."""
+        if not gang.needs_write(job, self._gangs.get(key)):
+            return
+        try:
+            await self.kube.apply_pod_group(gang.pod_group(job))
+        except ApiAbsentError as exc:
+            # Served at discovery, 404 now: the API was turned off, or the namespace
+            # is going. Ask discovery again on the next pass, planned from its answer.
+            self.settings = dataclasses.replace(self.settings, gang_scheduling=None)
+            raise RetryableError(str(exc)) from exc
+        self._gangs[key] = job.min_replicas
 
     async def apply(
         self, key: JobKey, obj: Mapping[str, Any], result: Plan, now: dt.datetime

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from torchflex_operator.vocabulary import GangScheduling
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -45,3 +47,6 @@ class Settings:
     operator_pod_labels: tuple[tuple[str, str], ...] = ()
     operator_cidrs: tuple[str, ...] = ()
     """Source ranges of an operator outside the cluster, admitted to the agents' health port."""
+    gang_scheduling: GangScheduling | None = None
+    """Not a flag: what the reconciler found the API serves (``gang``); None until it asked.
+    ``ENABLED`` links worker pods to their job's PodGroup."""

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any, Self, TypeVar
 
 from torchflex_operator.timestamps import format_time, parse_time
-from torchflex_operator.vocabulary import ConditionType, EventType, Phase
+from torchflex_operator.vocabulary import ConditionType, EventType, GangScheduling, Phase
 
 NULLABLE: Mapping[str, bool] = types.MappingProxyType({"nullable": True})
 """Field metadata: ``None`` is written as ``null`` instead of leaving the key out."""
@@ -306,6 +306,7 @@ class JobStatus(Record):
     pending_events: tuple[PendingEvent, ...] | None = None
     progress: TrainingProgress | None = None
     rank0_pod: str | None = None
+    gang_scheduling: GangScheduling | None = None
 
     def to_patch(self, old: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch turning the written ``old`` into this status; ``{}``: unchanged."""

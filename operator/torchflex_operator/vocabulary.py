@@ -142,6 +142,15 @@ class EventReason(enum.StrEnum):
     """The spec passed the CRD schema but not ``JobSpec.parse`` (Warning; no pass runs)."""
 
 
+class GangScheduling(enum.StrEnum):
+    """``status.gangScheduling``: whether the job's minimum is placed as one gang (``gang``)."""
+
+    ENABLED = "Enabled"
+    """The cluster serves PodGroups: the job owns one with a gang policy of ``minReplicas``."""
+    UNAVAILABLE = "Unavailable"
+    """No ``scheduling.k8s.io/v1beta1`` PodGroups: pods are placed one by one, as before."""
+
+
 class EventType(enum.StrEnum):
     NORMAL = "Normal"
     WARNING = "Warning"

@@ -31,6 +31,7 @@ STATUS_WORDS: tuple[type[enum.StrEnum], ...] = (
     vocabulary.ConditionType,
     vocabulary.Reason,
     vocabulary.EventReason,
+    vocabulary.GangScheduling,
 )
 CONTRACT_WORDS: tuple[type[enum.StrEnum], ...] = (
     labels.Label,

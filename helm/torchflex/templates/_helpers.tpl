@@ -178,6 +178,12 @@ watches for handlers.py.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# Each job's PodGroup (gang scheduling of its minimum): created, read and its minCount
+# patched when minReplicas changes; it goes with the job. Granted where the cluster
+# does not serve the API too (RBAC takes rules for any resource); unused there.
+- apiGroups: [scheduling.k8s.io]
+  resources: [podgroups]
+  verbs: [create, get, patch]
 {{- end }}
 
 {{/* Leader election: the one Lease in the release namespace (templates/rbac.yaml). */}}

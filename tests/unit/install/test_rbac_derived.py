@@ -2,7 +2,8 @@
 
 What the operator calls is read from its code, not from a list kept by hand:
 - ``kube.py`` (the only module calling the API): every ``self.core.X`` /
-  ``self.custom.X`` / ``self.networking.X`` / ``self.coordination.X`` call, mapped
+  ``self.custom.X`` / ``self.networking.X`` / ``self.coordination.X`` /
+  ``self.scheduling.X`` call (API discovery aside: every client may read it), mapped
   from the client's method name to a verb and resource (``create_namespaced_pod``
   → pods create); the Lease calls (leader election) go to a Role in the release
   namespace, get/update limited to the Lease's name;
@@ -48,11 +49,15 @@ _VERBS = {"create": "create", "delete": "delete", "list": "list", "get": "get", 
           "patch": "patch", "replace": "update"}  # fmt: skip
 _CORE_PLURALS = {"pod": "pods", "service": "services", "event": "events", "node": "nodes"}
 _NETWORKING_PLURALS = {"network_policy": "networkpolicies"}
+_SCHEDULING_PLURALS = {"pod_group": "podgroups"}
+# API discovery (``get_api_resources``) is granted to every authenticated client.
+_DISCOVERY = "get_api_resources"
 _METHOD = re.compile(r"^(?P<verb>[a-z]+)_namespaced_(?P<kind>[a-z_]+?)(?P<status>_status)?$")
 
 
 def _client_calls() -> list[tuple[str, str]]:
-    """(api, method) of every ``self.core.m(...)`` / ``self.custom.m(...)`` in kube.py."""
+    """(api, method) of every ``self.core.m(...)`` / ``self.custom.m(...)`` in kube.py
+    (``self.scheduling`` too: the PodGroups), discovery left out."""
     tree = ast.parse(Path(inspect.getfile(kube)).read_text())
     calls = []
     for node in ast.walk(tree):
@@ -62,7 +67,9 @@ def _client_calls() -> list[tuple[str, str]]:
             and isinstance(node.func.value, ast.Attribute)
             and isinstance(node.func.value.value, ast.Name)
             and node.func.value.value.id == "self"
-            and node.func.value.attr in ("core", "custom", "networking", "coordination")
+            and node.func.value.attr
+            in ("core", "custom", "networking", "coordination", "scheduling")
+            and node.func.attr != _DISCOVERY
         ):
             calls.append((node.func.value.attr, node.func.attr))
     return calls
@@ -79,6 +86,8 @@ def kube_rules() -> set[Rule]:
             group, resource = labels.GROUP, labels.PLURAL
         elif api == "networking":
             group, resource = "networking.k8s.io", _NETWORKING_PLURALS[m["kind"]]
+        elif api == "scheduling":
+            group, resource = "scheduling.k8s.io", _SCHEDULING_PLURALS[m["kind"]]
         elif api == "coordination":
             assert m["kind"] == "lease", method
             group, resource = LEASES
@@ -173,6 +182,7 @@ def test_derivation_sees_the_calls_we_know_about() -> None:
     assert (labels.GROUP, f"{labels.PLURAL}/status", "patch") in rules
     assert ("", "nodes") in watched_resources()
     assert lease_rules() == {(*LEASES, v) for v in ("get", "create", "update")}
+    assert ("scheduling.k8s.io", "podgroups", "patch") in rules
 
 
 def assert_lease_role(docs: list[dict[str, Any]], election: bool) -> None:
