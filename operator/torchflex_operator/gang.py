@@ -26,6 +26,7 @@ from typing import Any
 
 from torchflex_contract.labels import Role
 from torchflex_operator.manifests import Manifest, object_labels, owner_ref
+from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 from torchflex_operator.vocabulary import GangScheduling
 
@@ -90,6 +91,12 @@ def needs_write(job: JobSpec, written: int | None) -> bool:
     """Whether this process must (re)write the job's PodGroup: it has not written
     one yet, or wrote another ``minCount`` (``minReplicas`` changed)."""
     return written != job.min_replicas
+
+
+def pods_at_once(job: JobSpec, settings: Settings) -> int:
+    """How many worker pods creation must allow unscheduled at once (``pacing``):
+    the gang's minimum, which the scheduler waits to see whole before placing any."""
+    return job.min_replicas if settings.gang_scheduling is GangScheduling.ENABLED else 0
 
 
 def mode(served: bool) -> GangScheduling:

@@ -8,6 +8,11 @@ as each one is scheduled; and never more than ``max_unscheduled`` worker
 pods sit unscheduled at once, whatever ``maxReplicas`` says (10,000 pods on
 a one-node cluster is 10,000 objects for the API server and etcd and no
 training). A pod counts as scheduled once it has a node.
+
+A gang (``gang``) changes the evidence: the scheduler places none of a
+job's pods until ``minReplicas`` of them exist, so ``at_once`` (the gang's
+minimum) raises both the batch and the cap to it; without that, a job of
+``minReplicas`` above the batch or the cap would wait for itself forever.
 """
 
 from __future__ import annotations
@@ -29,11 +34,11 @@ class Budget:
     """The cap on unscheduled pods is what holds creation back."""
 
 
-def budget(workers: Sequence[PodView], settings: Settings) -> Budget:
+def budget(workers: Sequence[PodView], settings: Settings, at_once: int = 0) -> Budget:
     active = [w for w in workers if w.active]
     unscheduled = sum(1 for w in active if not w.node_name)
     scheduled = len(active) - unscheduled
-    window = max(settings.create_batch_initial, scheduled)
-    cap = settings.max_unscheduled
+    window = max(settings.create_batch_initial, scheduled, at_once)
+    cap = max(settings.max_unscheduled, at_once)
     allowed = max(0, min(window, cap) - unscheduled)
     return Budget(allowed, unscheduled, scheduled, capped=unscheduled >= cap)

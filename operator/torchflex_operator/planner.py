@@ -25,6 +25,7 @@ from torchflex_operator import (
     completion,
     conditions,
     events,
+    gang,
     netpol,
     pacing,
     rollout,
@@ -345,7 +346,7 @@ class _Pass:
             self.plan.wake_in((until - self.now).total_seconds())
             return None
         # At most maxReplicas worker objects, one pod per index, paced (pacing.py).
-        budget = pacing.budget(self.workers, self.settings)
+        budget = pacing.budget(self.workers, self.settings, gang.pods_at_once(job, self.settings))
         occupied = {w.index for w in self.workers}
         room = job.max_replicas - len(self.workers)
         take = min(missing, room, budget.allowed)

@@ -88,3 +88,16 @@ def test_job_owns_a_gang_of_its_minimum_that_follows_the_spec(
         90,
         "the PodGroup deleted with the job",
     )
+
+
+def test_a_gang_larger_than_a_creation_batch_is_created_and_placed_whole(
+    cluster: Cluster, namespace: str, operator: Reconciler
+) -> None:
+    # Creation goes in batches of 16 until pods get nodes (pacing.py); a gang of 20
+    # gets no node until all 20 exist, so its minimum is created at once.
+    assert operator.settings.create_batch_initial < 20
+    cluster.kwok_nodes(2, prefix="gang-kwok")
+    name = "biggang"
+    apply(cluster, namespace, kwok_job(name, minReplicas=20, maxReplicas=20))
+    wait_for(lambda: len(bound(cluster, namespace, name)) == 20, 90, "20 workers placed")
+    assert min_count(pod_group(cluster, namespace, name)) == 20

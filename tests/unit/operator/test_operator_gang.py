@@ -20,11 +20,12 @@ import pytest
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
-from tests.unit.operator.factories import NAME, NS, job, job_obj
+from tests.unit.operator.factories import NAME, NOW, NS, job, job_obj, observed, worker
 from torchflex_contract.labels import Label, Role
-from torchflex_operator import builders, gang
+from torchflex_operator import builders, gang, pacing
 from torchflex_operator.errors import AccessDeniedError, ApiAbsentError, RetryableError
 from torchflex_operator.kube import Kube
+from torchflex_operator.planner import plan
 from torchflex_operator.reconciler import Reconciler
 from torchflex_operator.settings import Settings
 from torchflex_operator.status import JobStatus
@@ -297,3 +298,38 @@ def test_a_group_answered_404_after_discovery_asks_again_next_pass() -> None:
     assert kube.calls.count("discovery") == 2
     assert kube.status["gangScheduling"] == GangScheduling.UNAVAILABLE.value
     assert kube.pods and not any("schedulingGroup" in p["spec"] for p in kube.pods)
+
+
+# -- pacing: a gang's minimum is created at once ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("at_once", "unscheduled", "allowed", "capped"),
+    [
+        (0, 16, 0, False),  # no gang: wait for the first batch to get nodes
+        (20, 16, 4, False),  # a gang of 20: the rest of it, or no pod of it is ever placed
+        (20, 0, 20, False),
+        (100, 64, 36, False),  # the cap on pending pods is raised to the gang too
+        (100, 100, 0, True),
+        (3, 16, 0, False),  # a gang below the batch changes nothing
+    ],
+)
+def test_pacing_lets_a_whole_gang_wait_for_nodes(
+    at_once: int, unscheduled: int, allowed: int, capped: bool
+) -> None:
+    pending = [worker(i, "Pending", node_name=None) for i in range(unscheduled)]
+    got = pacing.budget(pending, Settings(), at_once)
+    assert (got.allowed, got.capped) == (allowed, capped)
+
+
+@pytest.mark.parametrize(
+    ("mode", "created"), [(GangScheduling.ENABLED, 20), (GangScheduling.UNAVAILABLE, 16)]
+)
+def test_first_pass_creates_a_gang_of_20_whole(mode: GangScheduling, created: int) -> None:
+    big = job(minReplicas=20, maxReplicas=24, replicas=20)
+    assert gang.pods_at_once(big, Settings(gang_scheduling=mode)) == (
+        20 if mode is GangScheduling.ENABLED else 0
+    )
+    first = plan(big, JobStatus(), observed(), NOW, Settings(gang_scheduling=mode))
+    workers = [p for p in first.create_pods if p["metadata"]["labels"][Label.ROLE] == Role.WORKER]
+    assert len(workers) == created
