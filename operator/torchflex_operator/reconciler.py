@@ -13,6 +13,10 @@ or takeover reads the job and its pods from the API once (the watches may
 not have delivered them yet, and a standby's cache is stale); so does
 the pass after a status write was refused as stale (409). Workers wait on
 the ``leader`` gate: a standby replica takes no key and writes nothing.
+Gang scheduling (``gang``): the first pass of the process asks API discovery
+whether PodGroups are served and keeps the answer in ``settings``; where
+they are, a live job's PodGroup is written before anything else of the pass,
+once per process and again when ``minReplicas`` changes.
 """
 
 from __future__ import annotations
