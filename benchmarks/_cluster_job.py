@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._cluster_logs import Event, parse_events
-from benchmarks._proc_job import TORCHRUN_CONF, TORCHRUN_ENV, wait_until
+from benchmarks._proc_job import TORCHRUN_CONF, TORCHRUN_ENV
 from e2e.cluster import Cluster
+from e2e.polling import poll_until
 from e2e.trainlog import FileTail
 from e2e.workload import TrainingJob, apply
 from torchflex_contract import labels
@@ -239,7 +240,7 @@ class ClusterJob:
         def gone() -> bool:
             return not self.watch.pods(f"{self.name}-")
 
-        return wait_until(gone, timeout, poll=1.0)
+        return bool(poll_until(gone, timeout, 1.0))
 
     def phase(self) -> str:
         with contextlib.suppress(RuntimeError):

@@ -21,12 +21,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks._proc_logs import StepLine, parse_steps, pick_victim
 from e2e.kubelet import records
 from e2e.localproc import LineLog, free_port
+from e2e.polling import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -73,15 +74,6 @@ class Flavor:
     @property
     def is_torchrun(self) -> bool:
         return self.name.startswith("torchrun")
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(poll)
-    return pred()
 
 
 def _run_id() -> str:
@@ -147,9 +139,9 @@ class ProcJob:
         if self.flavor.is_torchrun:
             return  # torchrun's node 0 hosts its rendezvous store
         cmd = [AGENT_BIN, "store", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.store = self._spawn(cmd, "store", self._env())
-        if not wait_until(lambda: any("listening on" in x for x in self.store.texts()), 60):  # type: ignore[union-attr]
-            raise RuntimeError("store did not start: " + "\n".join(self.store.texts()[-10:]))
+        self.store = store = self._spawn(cmd, "store", self._env())
+        if not poll_until(lambda: any("listening on" in x for x in store.texts()), 60, 0.05):
+            raise RuntimeError("store did not start: " + "\n".join(store.texts()[-10:]))
 
     def start_node(self) -> Lines:
         i = len(self.nodes)
@@ -208,7 +200,7 @@ class ProcJob:
                     return False
             return True
 
-        return wait_until(ready, timeout, poll=0.1)
+        return bool(poll_until(ready, timeout, 0.1))
 
     def current_ranks(self, nodes: Sequence[Lines], world: int) -> list[int | None]:
         out: list[int | None] = []

@@ -3,7 +3,7 @@
 Where it sits: ``python -m benchmarks.operator_scale`` (also run by ``make
 bench``). Uses the local control plane of ``TORCHFLEX_CLUSTER_SLOT`` (started
 if needed), adds kwok nodes, and for each job count runs a fresh operator
-process (``torchflex-operator``, its API traffic through
+process (``torchflex-operator`` through ``e2e.operator_proc``, its API traffic through
 ``benchmarks._scale_proxy`` so every request it makes is counted) in a fresh
 namespace: create all jobs at once, wait for every pod and job, sit idle,
 delete a fraction of the workers, wait for replacements. Watches in
@@ -44,6 +44,8 @@ from benchmarks.cli import BenchCli
 from e2e.cluster import Cluster, ensure_up
 from e2e.cluster.layout import KWOK_TAINT_KEY
 from e2e.localproc import free_port, stop_process
+from e2e.operator_proc import OperatorProcess
+from e2e.polling import poll_until
 from torchflex_contract import labels
 from torchflex_operator.vocabulary import Phase
 
@@ -72,21 +74,16 @@ def job_manifest(name: str, pods: int) -> dict[str, Any]:
     }
 
 
-class Operator:
-    """``torchflex-operator`` as its own process, read from /proc by PID."""
+class Operator(OperatorProcess):
+    """The operator under measurement, started; read from /proc by PID.
+
+    Its backoff is the shipped default (``tuning=()``), and kwok pod IPs are
+    fake addresses off loopback and the bridge: no agent status polling.
+    """
 
     def __init__(self, kubeconfig: Path, namespace: str, log: Path) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-        env["KUBECONFIG"] = str(kubeconfig)
-        cmd = [
-            str(Path(sys.executable).parent / "torchflex-operator"),
-            "--namespace", namespace, "--standalone",
-            # kwok pod IPs are fake addresses off loopback and the bridge: no polling.
-            "--no-agent-status-poll",
-            "--metrics-port", "0", "--health-port", "0",
-        ]  # fmt: skip
-        self.proc = start_logged(cmd, log, env=env)
-        self.pid = self.proc.pid
+        super().__init__(kubeconfig, [namespace], log, ["--no-agent-status-poll"], tuning=())
+        self.start()
 
     def cpu(self) -> float:
         return cpu_seconds(Path(f"/proc/{self.pid}/stat").read_text(), TICKS)
@@ -94,16 +91,11 @@ class Operator:
     def rss_mib(self, field: str) -> float:
         return status_kib(Path(f"/proc/{self.pid}/status").read_text(), field) / 1024
 
-    def stop(self) -> None:
-        stop_process(self.proc, grace=15)
-
 
 def wait_until(what: str, pred: Callable[[], bool], timeout: float, every: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(every)
+    """``e2e.polling.poll_until``, saying so when the bound ran out (the run goes on)."""
+    if poll_until(pred, timeout, every):
+        return True
     print(f"[operator_scale] gave up waiting for {what} after {timeout:.0f} s", flush=True)
     return False
 
@@ -286,7 +278,7 @@ def teardown(cluster: Cluster, ns: str, op: Operator, timeout: float) -> None:
                 "patch", "-n", ns, name, "--type=merge", "-p",
                 json.dumps({"metadata": {"finalizers": None}}), check=False,
             )  # fmt: skip
-    op.stop()
+    op.stop(grace_s=15)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

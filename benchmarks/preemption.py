@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks._proc_job import Flavor, ProcJob, wait_until
+from benchmarks._proc_job import Flavor, ProcJob
 from benchmarks._proc_logs import (
     parse_steps,
     recovery_seconds,
@@ -41,6 +41,7 @@ from benchmarks._proc_logs import (
 )
 from benchmarks.cli import BenchCli
 from benchmarks.report import markdown_table, summarize
+from e2e.polling import poll_until
 
 CASES = ("torchflex", "torchflex-nohook", "torchrun-tuned", "torchrun-tuned-nohook")
 _START_TIMEOUT = 120.0
@@ -79,7 +80,7 @@ def run_trial(case: str, workdir: Path) -> Trial:
             gone = all(n.proc.poll() is not None for n in survivors)
             return both or gone
 
-        wait_until(settled, _REFORM_TIMEOUT, poll=0.1)
+        poll_until(settled, _REFORM_TIMEOUT, 0.1)
         trial.reform_s = recovery_seconds([n.steps() for n in survivors], termed_at, 2)
         if trial.reform_s is None:
             exited = [n.proc.poll() for n in survivors if n.proc.poll() is not None]

@@ -49,11 +49,11 @@ from benchmarks._cluster_logs import (
     training_at,
 )
 from benchmarks._cluster_report import FLAVORS, Trial, markdown, summary
-from benchmarks._proc_job import wait_until
 from benchmarks._proc_logs import pick_victim
 from benchmarks.cli import BenchCli
 from e2e.cluster import Cluster, ensure_up
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes
+from e2e.polling import poll_until
 from e2e.workload import apply_crd
 
 NAMESPACE = "bench-recovery-cluster"
@@ -92,7 +92,7 @@ def _wait_world(cj: ClusterJob, n: int, after: float, timeout: float) -> bool:
         pods = cj.pods()
         return len(pods) == n and training_at(cj.events(pods), n, after, _WARM_STEPS)
 
-    return wait_until(ready, timeout, poll=0.2)
+    return bool(poll_until(ready, timeout, 0.2))
 
 
 def _join(ctx: Context, cj: ClusterJob, trial: Trial) -> bool:
@@ -105,7 +105,7 @@ def _join(ctx: Context, cj: ClusterJob, trial: Trial) -> bool:
         return all_at_world(cj.events(pods), t_scale, 3) if len(pods) == 3 else None
 
     timeout = _JOIN_TIMEOUT[trial.flavor]
-    wait_until(lambda: joined() is not None, timeout, poll=0.2)
+    poll_until(lambda: joined() is not None, timeout, 0.2)
     done = joined()
     pods = cj.pods()
     new = [(p, uid) for p, uid in pods.items() if p not in before]
@@ -141,7 +141,7 @@ def _kill(ctx: Context, cj: ClusterJob, trial: Trial) -> None:
             trial.problems.append(f"found no processes of {victim}")
             return
     timeout = _RECOVER_TIMEOUT[trial.flavor]
-    wait_until(lambda: group_formed_at(cj.events(survivors), t_kill) is not None, timeout, 0.2)
+    poll_until(lambda: group_formed_at(cj.events(survivors), t_kill) is not None, timeout, 0.2)
     surv_events = cj.events(survivors)
     done = group_formed_at(surv_events, t_kill)
     if done is None:
@@ -160,7 +160,7 @@ def _kill(ctx: Context, cj: ClusterJob, trial: Trial) -> None:
         return group_formed_at(cj.events(now), t_kill, world=3)
 
     timeout = _REGROW_TIMEOUT[trial.flavor]
-    wait_until(lambda: regrown() is not None, timeout, poll=0.2)
+    poll_until(lambda: regrown() is not None, timeout, 0.2)
     back = regrown()
     if back is None:
         trial.problems.append(f"regrow: not at world size 3 within {timeout:.0f} s of recovery")
@@ -208,12 +208,12 @@ def _prepare(cluster: Cluster) -> None:
     cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s",
                     timeout=150)  # fmt: skip
     cluster.kubectl("create", "namespace", NAMESPACE)
-    ok = wait_until(
+    ok = poll_until(
         lambda: (
             cluster.kubectl("get", "sa", "default", "-n", NAMESPACE, check=False).returncode == 0
         ),
         30,
-        poll=0.5,
+        0.5,
     )
     if not ok:
         raise RuntimeError(f"no default ServiceAccount in {NAMESPACE}")

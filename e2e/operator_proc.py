@@ -1,8 +1,12 @@
 """The real operator as a separate process, and the real processes behind a pod.
 
-Where it sits: the e2e scenarios and ``make demo`` run ``torchflex-operator``
-exactly as a user would (its console script, its flags, a kubeconfig), so
-killing and restarting it is a real SIGKILL of a real process. They also
+Where it sits: the e2e scenarios, ``make demo``, the operator's integration
+tests (its metrics, two replicas electing a leader) and the benchmarks run
+``torchflex-operator`` exactly as a user would (its console script, its
+flags, a kubeconfig), so killing and restarting it is a real SIGKILL of a
+real process. :class:`OperatorProcess` is the one wrapper; its options are
+what those callers differ in (standalone or electing on a Lease, backoff
+tuning, metrics port, extra environment and flags). The scenarios also
 need the processes a pod runs on the process kubelet (to SIGKILL an agent
 like a node death would): :func:`pod_processes` finds them by the pod
 identity the operator injects into their environment. Only processes this
@@ -15,19 +19,29 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from e2e.cluster.layout import REPO_ROOT
 from e2e.localproc import stop_process
+from e2e.polling import poll_until
 from torchflex_contract import env as contract_env
 
 OPERATOR_BIN = REPO_ROOT / ".venv" / "bin" / "torchflex-operator"
 
+PROMPT_RECOVERY = ("--backoff-base", "0.5", "--backoff-cap", "5", "--force-delete-after", "5")
+"""Short backoff so the scenarios' replacements are prompt; the defaults are for
+production clusters (a benchmark measuring the operator as shipped passes ``()``)."""
+
 
 class OperatorProcess:
-    """``torchflex-operator`` watching some namespaces, logging to a file."""
+    """``torchflex-operator`` watching some namespaces, logging to a file.
+
+    ``standalone``: no leader election (else the Lease flags go in
+    ``extra_args``); ``tuning``: the backoff flags; ``metrics_port``: 0 for
+    none; ``env``: on top of ours, whose ``KUBECONFIG`` decides the cluster
+    (an in-pod ``KUBERNETES_*`` environment is dropped, so it never does).
+    """
 
     def __init__(
         self,
@@ -35,25 +49,41 @@ class OperatorProcess:
         namespaces: Sequence[str],
         log_path: Path,
         extra_args: Sequence[str] = (),
+        *,
+        standalone: bool = True,
+        tuning: Sequence[str] = PROMPT_RECOVERY,
+        metrics_port: int = 0,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespaces = list(namespaces)
         self.log_path = log_path
         self.extra_args = list(extra_args)
+        self.standalone = standalone
+        self.tuning = list(tuning)
+        self.metrics_port = metrics_port
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
-        out = [str(OPERATOR_BIN), "--standalone", "--metrics-port", "0", "--health-port", "0"]
+        out = [str(OPERATOR_BIN)] + (["--standalone"] if self.standalone else [])
+        out += ["--metrics-port", str(self.metrics_port), "--health-port", "0"]
         for ns in self.namespaces:
             out += ["--namespace", ns]
-        # Short backoff so the scenarios' replacements are prompt; the
-        # defaults are for production clusters.
-        out += ["--backoff-base", "0.5", "--backoff-cap", "5", "--force-delete-after", "5"]
-        return out + self.extra_args
+        return out + self.tuning + self.extra_args
+
+    def environ(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        return {**env, "KUBECONFIG": str(self.kubeconfig), **self.env}
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
 
     def start(self) -> OperatorProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        env = self.environ()
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.argv(),
@@ -136,9 +166,7 @@ def sigkill_pod_processes(namespace: str, pod: str) -> list[int]:
 
 
 def wait_gone(pids: Sequence[int], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
-            return True
-        time.sleep(0.05)
-    return False
+    """Whether every one of ``pids`` is gone within ``timeout_s`` (polled, bounded)."""
+    return bool(
+        poll_until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), timeout_s, 0.05)
+    )

@@ -1,14 +1,15 @@
-"""Small helpers for tests of every tier (bounded waits)."""
+"""Helpers for tests of every tier: a bounded wait that fails the test, a fresh namespace."""
 
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+
+from e2e.polling import poll_until
 
 if TYPE_CHECKING:
     from e2e.cluster import Cluster
@@ -16,16 +17,15 @@ if TYPE_CHECKING:
 
 def wait_for(
     predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.2
-) -> None:
-    """Poll ``predicate`` (bounded) until truthy; fail the test with ``what``."""
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return
-        time.sleep(interval_s)
-    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+) -> float:
+    """Poll ``predicate`` (bounded, ``e2e.polling``) until truthy; fail the test with ``what``.
+
+    Returns the ``time.monotonic()`` at which it held.
+    """
+    got = poll_until(predicate, timeout_s, interval_s)
+    if not got:
+        pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {got.value!r})")
+    return got.at
 
 
 @contextlib.contextmanager

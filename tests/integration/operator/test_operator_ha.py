@@ -2,17 +2,14 @@
 stands by passively (no write), and takes over when the active one is SIGKILLed.
 
 The processes are ``torchflex-operator`` itself (console script, flags,
-kubeconfig), each with its own metrics endpoint on loopback, which is how
-the test tells what each one did. Only processes this test started are
-signalled, by PID.
+kubeconfig; ``e2e.operator_proc.OperatorProcess``), each with its own metrics
+endpoint on loopback, which is how the test tells what each one did. Only
+processes this test started are signalled, by PID.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -22,46 +19,40 @@ from typing import Any
 import pytest
 
 from e2e.cluster import Cluster
-from e2e.localproc import free_port, stop_process
+from e2e.localproc import free_port
+from e2e.operator_proc import OperatorProcess
 from tests.integration.operator.jobs import apply, kwok_job, live_workers
 from tests.support import wait_for
 
 pytestmark = pytest.mark.cluster
-REPO = Path(__file__).resolve().parents[3]
-OPERATOR = REPO / ".venv" / "bin" / "torchflex-operator"
 LEASE = "torchflex"
 LEASE_S = 6
 WRITES = ("create", "patch", "delete", "post")
 
 
-class Replica:
+class Replica(OperatorProcess):
+    """One of the replicas, electing on the Lease as ``identity`` (``$POD_ID``); started."""
+
     def __init__(self, cluster: Cluster, namespace: str, identity: str, log: Path) -> None:
+        lease = ["--lease", LEASE, "--lease-namespace", namespace,
+                 "--lease-duration", str(LEASE_S)]  # fmt: skip
+        super().__init__(
+            cluster.kubeconfig,
+            [namespace],
+            log,
+            [*lease, "--agent-command", "env", "--no-agent-status-poll"],
+            standalone=False,
+            tuning=("--backoff-base", "0.2", "--backoff-cap", "2"),
+            metrics_port=free_port(),
+            env={"POD_ID": identity},
+        )
         self.identity = identity
-        self.port = free_port()
-        self.log = log
-        argv = [
-            str(OPERATOR),
-            "--namespace", namespace,
-            "--lease", LEASE,
-            "--lease-namespace", namespace,
-            "--lease-duration", str(LEASE_S),
-            "--metrics-port", str(self.port),
-            "--health-port", "0",
-            "--agent-command", "env",
-            "--backoff-base", "0.2",
-            "--backoff-cap", "2",
-            "--no-agent-status-poll",
-        ]  # fmt: skip
-        env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), POD_ID=identity)
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.start()
 
     def metrics(self) -> dict[str, float]:
         """Samples of our metrics, ``name{labels}`` -> value; {} while not serving."""
         try:
-            url = f"http://127.0.0.1:{self.port}/metrics"
+            url = f"http://127.0.0.1:{self.metrics_port}/metrics"
             with urllib.request.urlopen(url, timeout=2) as rsp:
                 text = rsp.read().decode()
         except OSError:
@@ -87,14 +78,6 @@ class Replica:
     def active(self) -> bool:
         return self.metrics().get("torchflex_active") == 1.0
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        stop_process(self.proc, grace=15)
-
 
 @pytest.fixture()
 def replicas(
@@ -105,7 +88,7 @@ def replicas(
         yield started
     finally:
         for replica in started:
-            replica.stop()
+            replica.stop(grace_s=15)
 
 
 def lease(cluster: Cluster, namespace: str) -> dict[str, Any]:
@@ -127,7 +110,7 @@ def test_only_the_active_replica_acts_and_the_standby_takes_over(
     wait_for(second.metrics, 30, "the second replica serving metrics")
     # The replica that came later never pre-empts the one that holds the Lease.
     held = f"Lease {namespace}/{LEASE} is held by op-first"
-    wait_for(lambda: held in second.log.read_text(), 30, "the second replica standing by")
+    wait_for(lambda: held in second.log_text(), 30, "the second replica standing by")
     assert lease(cluster, namespace)["holderIdentity"] == "op-first"
 
     name = "ha"

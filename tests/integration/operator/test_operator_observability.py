@@ -111,7 +111,8 @@ def test_metrics_and_json_log_of_a_running_operator(
         cluster.kubeconfig,
         [namespace],
         log_path,
-        ["--metrics-port", str(port), "--log-format", "json", "--agent-command", "env"],
+        ["--log-format", "json", "--agent-command", "env"],
+        metrics_port=port,
     ).start()
     name = "observed"
     try:
