@@ -28,11 +28,8 @@ class Backend:
 @pytest.fixture()
 def job(tmp_path: Path) -> Iterator[Job]:
     """A job's processes (store, etcd, agents), all stopped by PID afterwards."""
-    j = Job(tmp_path)
-    try:
+    with Job(tmp_path) as j:
         yield j
-    finally:
-        j.close()
 
 
 @pytest.fixture(scope="module")

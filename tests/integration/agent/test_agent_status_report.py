@@ -11,14 +11,11 @@ on 127.0.0.1 only and are stopped by PID (``Job``).
 from __future__ import annotations
 
 import threading
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from e2e.localproc import free_port
 from tests.integration.agent.tfagent_helpers import PYTHON, Job
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import (
@@ -26,7 +23,6 @@ from torchflex_contract.progress import (
     MAX_ERROR_MESSAGE,
     MAX_FRAMES,
     MAX_TERMINATION_MESSAGE,
-    STATUS_PATH,
     AgentReport,
     AgentState,
     long_poll_path,
@@ -37,45 +33,11 @@ REPORT_PROGRESS = str(Path(__file__).with_name("report_progress.py"))
 SLEEPER = "import time\nwhile True:\n    time.sleep(0.1)\n"
 
 
-class StatusJob(Job):
-    """``Job`` whose agents each serve ``/status`` on a port of their own."""
-
-    def __init__(self, tmp: Path) -> None:
-        super().__init__(tmp)
-        self.health: list[int] = []
-
-    def agent_options(self, i: int) -> tuple[int, dict[str, str]]:
-        self.health.append(free_port())
-        return self.health[i], {}
-
-
 @pytest.fixture()
-def sjob(tmp_path: Path) -> Iterator[StatusJob]:
-    j = StatusJob(tmp_path)
-    try:
+def sjob(tmp_path: Path) -> Iterator[Job]:
+    """A ``Job`` whose agents each serve ``/status`` on a port of their own."""
+    with Job(tmp_path, serve_status=True) as j:
         yield j
-    finally:
-        j.close()
-
-
-def status(port: int, path: str = STATUS_PATH, timeout: float = 5.0) -> AgentReport:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as resp:
-        return AgentReport.from_json(resp.read().decode())
-
-
-def status_when(port: int, pred: Callable[[AgentReport], bool], timeout: float) -> AgentReport:
-    """``/status`` once ``pred`` holds for it (polled, bounded)."""
-    deadline = time.monotonic() + timeout
-    last: AgentReport | None = None
-    while time.monotonic() < deadline:
-        try:
-            last = status(port)
-        except OSError:  # not listening yet
-            last = None
-        if last is not None and pred(last):
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"/status never matched within {timeout}s; last: {last}")
 
 
 @pytest.mark.timeout(150)
@@ -105,15 +67,14 @@ def test_uncaught_exception_reaches_the_report(job: Job, prewarm: str) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_reported_steps_and_checkpoints_reach_the_report(sjob: StatusJob) -> None:
+def test_reported_steps_and_checkpoints_reach_the_report(sjob: Job) -> None:
     job = sjob
     job.start_store()
     release = job.tmp / "release"
     steps = 60
     log = job.start_agent([PYTHON, REPORT_PROGRESS, str(steps), str(job.ckpt), str(release)], "1:1")
-    port = job.health[0]
     log.wait_for(lambda s: f"trained step={steps}" in s, 90)
-    live = status(port)
+    live = job.status(0)
     assert live.holds_rank0 and live.state is AgentState.RUNNING
     progress = live.progress
     assert progress is not None, live
@@ -128,21 +89,20 @@ def test_reported_steps_and_checkpoints_reach_the_report(sjob: StatusJob) -> Non
 
 
 @pytest.mark.timeout(150)
-def test_without_reports_there_is_no_progress(sjob: StatusJob) -> None:
+def test_without_reports_there_is_no_progress(sjob: Job) -> None:
     """A script that reports nothing: the report says so (no guessed step)."""
     sjob.start_store()
     sjob.start_agent([PYTHON, "-c", SLEEPER], "1:1")
-    report = status_when(sjob.health[0], lambda r: r.state is AgentState.RUNNING, 90)
+    report = sjob.status_when(0, lambda r: r.state is AgentState.RUNNING, 90)
     assert report.progress is None and report.holds_rank0
 
 
 @pytest.mark.timeout(400)
-def test_long_poll_returns_when_the_group_reforms(sjob: StatusJob) -> None:
+def test_long_poll_returns_when_the_group_reforms(sjob: Job) -> None:
     job = sjob
     job.start_store()
     job.start_agent([PYTHON, "-c", SLEEPER], "1:2")
-    port = job.health[0]
-    first = status_when(port, lambda r: r.state is AgentState.RUNNING, 90)
+    first = job.status_when(0, lambda r: r.state is AgentState.RUNNING, 90)
     assert first.world_size == 1
     got: list[AgentReport] = []
 
@@ -150,7 +110,7 @@ def test_long_poll_returns_when_the_group_reforms(sjob: StatusJob) -> None:
         # Each request is held by the agent until the round moves, or for
         # LONG_POLL_MAX_S; the new member may take longer than one to start.
         for _ in range(6):
-            report = status(port, long_poll_path(first.round, LONG_POLL_MAX_S), timeout=60)
+            report = job.status(0, long_poll_path(first.round, LONG_POLL_MAX_S), timeout=60)
             if report.round != first.round:
                 got.append(report)
                 return

@@ -17,14 +17,13 @@ import os
 import re
 import signal
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from e2e.kubelet import records
-from e2e.localproc import LineLog, free_port
+from e2e.localproc import LineLog
 from tests.integration.agent.tfagent_helpers import (
     PYTHON,
     Job,
@@ -34,47 +33,20 @@ from tests.integration.agent.tfagent_helpers import (
     steps_of,
     worker_pids,
 )
+from tests.support import wait_for
 from torchflex_agent.checkpoint import CheckpointMeta
 from torchflex_contract.exit_codes import ExitCode
-from torchflex_contract.progress import AgentReport
 
 FINAL_SAVE = str(Path(__file__).with_name("final_save.py"))
 CKPT_LINE = re.compile(r"^\[rank (\d+)\] checkpoint step=(\d+)")
 
 
-class FenceJob(Job):
-    """``Job`` whose agents have a pod name and a health port (``/status``)."""
-
-    def __init__(self, tmp: Path) -> None:
-        super().__init__(tmp)
-        self.health: list[int] = []
-        self.frozen: list[int] = []
-        """Processes this test stopped with SIGSTOP: woken before teardown stops them."""
-
-    def agent_options(self, i: int) -> tuple[int, dict[str, str]]:
-        port = free_port()
-        self.health.append(port)
-        return port, {"TORCHFLEX_POD_NAME": f"pod-{i}", "FINAL_PATH": str(self.tmp / "final-model")}
-
-    def status(self, i: int) -> AgentReport:
-        url = f"http://127.0.0.1:{self.health[i]}/status"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return AgentReport.from_json(resp.read().decode())
-
-    def ckpt_meta(self) -> CheckpointMeta:
-        return CheckpointMeta.from_json((self.ckpt / "latest.pt.meta").read_text())
-
-
 @pytest.fixture()
-def fjob(tmp_path: Path) -> Iterator[FenceJob]:
-    j = FenceJob(tmp_path)
-    try:
+def fjob(tmp_path: Path) -> Iterator[Job]:
+    """Agents with a pod name and a ``/status`` each; what a test froze is woken at teardown."""
+    final = {"FINAL_PATH": str(tmp_path / "final-model")}
+    with Job(tmp_path, serve_status=True, pod_names=True, agent_env=final) as j:
         yield j
-    finally:
-        for pid in j.frozen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        j.close()
 
 
 def signal_all(pids: list[int], sig: signal.Signals) -> None:
@@ -83,22 +55,12 @@ def signal_all(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``pred`` (bounded); returns the monotonic time it held."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return time.monotonic()
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout}s: {what}")
-
-
 def ckpt_lines(log: LineLog, after: float) -> list[int]:
     return [int(m.group(2)) for t, m in log.matching(CKPT_LINE.pattern) if t >= after]
 
 
 @pytest.mark.timeout(240)
-def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
+def test_frozen_member_is_fenced_and_never_writes(fjob: Job) -> None:
     logs = fjob.train_together(3, "2:3", r"step=8 .*world=3 ", 120, steps=3000)
     # Freeze node rank 0: its worker is global rank 0, the one that saves.
     victim = next(log for log in logs if node_rank(log) == 0)
@@ -112,10 +74,11 @@ def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
     for log in survivors:
         log.wait_for(lambda s: bool(re.search(r"step=\d+ .*world=2 ", s)), 60, after=frozen_at)
     detected, _ = survivors[0].wait_for(lambda s: "re-forming" in s, 5, after=frozen_at)
-    wait_until(
+    wait_for(
         lambda: any(s > frozen_step for log in survivors for s in ckpt_lines(log, frozen_at)),
         60,
         "a survivor checkpoint past the frozen step",
+        interval_s=0.1,
     )
     statuses = [fjob.status(logs.index(log)) for log in survivors]
     assert any(st.lost_pods == (f"pod-{logs.index(victim)}",) for st in statuses), statuses
@@ -154,7 +117,7 @@ def test_frozen_member_is_fenced_and_never_writes(fjob: FenceJob) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_workers_of_a_frozen_agent_fence_themselves(fjob: FenceJob) -> None:
+def test_workers_of_a_frozen_agent_fence_themselves(fjob: Job) -> None:
     """Only the agent freezes: its workers run on, and must stop writing by themselves."""
     logs = fjob.train_together(3, "2:3", r"step=8 .*world=3 ", 120, steps=3000)
     victim = next(log for log in logs if node_rank(log) == 0)  # hosts global rank 0
@@ -172,7 +135,7 @@ def test_workers_of_a_frozen_agent_fence_themselves(fjob: FenceJob) -> None:
             landed.append(meta)
         return any(m.round > 0 for m in landed)
 
-    wait_until(new_checkpoint, 60, "a checkpoint of the re-formed group")
+    wait_for(new_checkpoint, 60, "a checkpoint of the re-formed group", interval_s=0.1)
     woke_at = time.monotonic()
     os.kill(victim.proc.pid, signal.SIGCONT)
     fjob.frozen = []
@@ -199,14 +162,17 @@ def test_workers_of_a_frozen_agent_fence_themselves(fjob: FenceJob) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_frozen_store_detected_reported_and_training_resumes(fjob: FenceJob) -> None:
+def test_frozen_store_detected_reported_and_training_resumes(fjob: Job) -> None:
     logs = fjob.train_together(2, "2:2", "step=6 ", 120, steps=3000)
     assert fjob.store is not None
     fjob.frozen = [fjob.store.pid]
     os.kill(fjob.store.pid, signal.SIGSTOP)
     frozen_at = time.monotonic()
-    seen = wait_until(
-        lambda: all(fjob.status(i).store_error for i in range(2)), 30, "store_error in /status"
+    seen = wait_for(
+        lambda: all(fjob.status(i).store_error for i in range(2)),
+        30,
+        "store_error in /status",
+        interval_s=0.1,
     )
     report = fjob.status(0)
     assert "silent" in report.store_error or "store" in report.store_error, report
@@ -219,15 +185,18 @@ def test_frozen_store_detected_reported_and_training_resumes(fjob: FenceJob) -> 
     for log in logs:
         log.wait_for(lambda s: "StoreLost; re-forming" in s, 60, after=frozen_at)
         log.wait_for(lambda s: bool(re.search(r"step=\d+ .*world=2 ", s)), 90, after=woke_at)
-    wait_until(
-        lambda: not any(fjob.status(i).store_error for i in range(2)), 30, "store_error cleared"
+    wait_for(
+        lambda: not any(fjob.status(i).store_error for i in range(2)),
+        30,
+        "store_error cleared",
+        interval_s=0.1,
     )
     print(f"\nSTORE_FROZEN detected_s={seen - frozen_at:.2f} (op deadline 2 s)")
     assert preempt(logs, 60) == [ExitCode.PREEMPTED] * len(logs)
 
 
 @pytest.mark.timeout(180)
-def test_rank0_saving_after_others_exit_is_supervised_to_the_end(fjob: FenceJob) -> None:
+def test_rank0_saving_after_others_exit_is_supervised_to_the_end(fjob: Job) -> None:
     fjob.start_store()
     logs = [fjob.start_agent([PYTHON, FINAL_SAVE], "3:3") for _ in range(3)]
     codes = [log.proc.wait(150) for log in logs]

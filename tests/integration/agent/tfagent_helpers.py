@@ -9,18 +9,22 @@ fixture's teardown; every wait is bounded. Network: 127.0.0.1 only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from e2e.localproc import LineLog, free_port, pinned_binary, stop_process
-from torchflex_contract.progress import AgentReport
+from e2e.polling import poll_until
+from torchflex_agent.checkpoint import CheckpointMeta
+from torchflex_contract.progress import STATUS_PATH, AgentReport
 
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
@@ -95,10 +99,29 @@ def start_etcd(
 
 
 class Job:
-    """A store process (or an etcd) plus N agents sharing one run id; cleans up by PID."""
+    """A store process (or an etcd) plus N agents sharing one run id; cleans up by PID.
 
-    def __init__(self, tmp: Path) -> None:
+    Options: ``serve_status`` gives each agent a health port of its own on
+    127.0.0.1 (``health[i]``, read with :meth:`status`); ``pod_names`` names
+    agent ``i``'s pod ``pod-<i>``; ``agent_env`` goes into every agent's
+    environment. Processes a test stops with SIGSTOP go into ``frozen``: they
+    are woken before :meth:`close` stops them. A context manager.
+    """
+
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        serve_status: bool = False,
+        pod_names: bool = False,
+        agent_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.tmp = tmp
+        self.serve_status = serve_status
+        self.pod_names = pod_names
+        self.agent_env = dict(agent_env or {})
+        self.health: list[int] = []
+        self.frozen: list[int] = []
         self.run_id = f"it-{uuid.uuid4().hex[:8]}"
         self.ckpt = tmp / "ckpt"
         self.store: subprocess.Popen[str] | None = None
@@ -127,7 +150,39 @@ class Job:
 
     def agent_options(self, i: int) -> tuple[int, dict[str, str]]:
         """Agent ``i``'s health port (0: none published) and its extra environment."""
-        return 0, {}
+        env = dict(self.agent_env)
+        if self.pod_names:
+            env["TORCHFLEX_POD_NAME"] = f"pod-{i}"
+        if not self.serve_status:
+            return 0, env
+        self.health.append(free_port())
+        return self.health[i], env
+
+    def status(self, i: int, path: str = STATUS_PATH, timeout: float = 5.0) -> AgentReport:
+        """Agent ``i``'s report from its ``/status`` (or ``path``, e.g. a long poll)."""
+        url = f"http://127.0.0.1:{self.health[i]}{path}"
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return AgentReport.from_json(resp.read().decode())
+
+    def status_when(
+        self, i: int, pred: Callable[[AgentReport], bool], timeout: float
+    ) -> AgentReport:
+        """Agent ``i``'s ``/status`` once ``pred`` holds for it (polled, bounded)."""
+        last: list[AgentReport | None] = [None]
+
+        def matches() -> bool:
+            try:
+                last[0] = self.status(i)
+            except OSError:  # not listening yet
+                last[0] = None
+            return last[0] is not None and pred(last[0])
+
+        if not poll_until(matches, timeout, 0.1) or last[0] is None:
+            raise AssertionError(f"/status never matched within {timeout}s; last: {last[0]}")
+        return last[0]
+
+    def ckpt_meta(self) -> CheckpointMeta:
+        return CheckpointMeta.from_json((self.ckpt / "latest.pt.meta").read_text())
 
     def start_agent(
         self, script_args: list[str], nnodes: str, extra: list[str] | None = None
@@ -179,12 +234,22 @@ class Job:
         return AgentReport.from_json((self.tmp / f"termination-{i}.log").read_text())
 
     def close(self) -> None:
+        for pid in self.frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self.frozen = []
         for a in self.agents:
             stop_process(a.proc, grace=20)
         if self.store is not None:
             stop_process(self.store)
         if self.etcd is not None:
             stop_process(self.etcd)
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def steps_of(log: LineLog, after: float = 0.0) -> list[tuple[float, int, int]]:
