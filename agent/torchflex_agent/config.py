@@ -4,6 +4,9 @@ Where it sits: ``cli`` parses argv with ``parse_args`` into an
 ``AgentConfig``; everything else takes the config object. Parsing is pure
 (argv and an env mapping in, config or ``ConfigError`` out) so every bad
 input is table-tested; the error message always names the offending flag.
+The backend's endpoint syntax comes from ``endpoints``, never from
+``backends`` (whose openers reach the store clients): an import-linter
+contract in pyproject.toml keeps it so.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn, TypeVar
 
-from torchflex_agent import backends
-from torchflex_agent.backends import Endpoint
+from torchflex_agent import endpoints as rdzv_endpoints
+from torchflex_agent.endpoints import Endpoint
 from torchflex_agent.errors import ConfigError
 from torchflex_contract import env as tfenv
 from torchflex_contract.rendezvous_backends import DEFAULT_BACKEND, RendezvousBackend
@@ -51,7 +54,7 @@ class AgentConfig:
     @property
     def store_name(self) -> str:
         """The rendezvous store as logs name it: backend and endpoints."""
-        return backends.describe(self.rdzv_backend, self.endpoints)
+        return rdzv_endpoints.describe(self.rdzv_backend, self.endpoints)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -151,7 +154,7 @@ _FLAGS: tuple[_Flag, ...] = (
         "rdzv_backend",
         tfenv.RDZV_BACKEND,
         DEFAULT_BACKEND.value,
-        f"rendezvous store: {', '.join(backends.NAMES)}",
+        f"rendezvous store: {', '.join(rdzv_endpoints.NAMES)}",
     ),
     _Flag(
         ("--rdzv-endpoint", "--rdzv_endpoint"),
@@ -288,7 +291,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
     if not command:
         raise ConfigError("missing training command (torchflex-agent [options] -- cmd ...)")
     lo, hi = parse_nnodes(ns.nnodes)
-    backend = backends.backend(ns.rdzv_backend).name
+    backend = rdzv_endpoints.backend_name(ns.rdzv_backend)
     run_id = ns.rdzv_id
     if not run_id or run_id == "none":
         raise ConfigError("--rdzv-id: must be set and not 'none' (jobs would share state)")
@@ -308,7 +311,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         max_nodes=hi,
         nproc_spec=check_nproc(ns.nproc_per_node),
         rdzv_backend=backend,
-        endpoints=backends.parse_endpoints(ns.rdzv_endpoint, backend),
+        endpoints=rdzv_endpoints.parse_endpoints(ns.rdzv_endpoint, backend),
         run_id=run_id,
         last_call=last_call,
         join_timeout=join_timeout,

@@ -5,7 +5,8 @@ Where it sits: ``spec.rendezvous.backend`` (the CRD's enum, checked against
 parsed into a ``RendezvousBackend`` by the operator's ``spec``; the operator's
 ``backends`` module holds one descriptor per spec backend (its pods,
 Services and endpoint), the agent's ``backends`` module one per name (its
-endpoint syntax and store connection). The name travels in
+store connection) and its ``endpoints`` module the endpoint syntax of each
+(pure, for flag parsing). The name travels in
 ``env.RDZV_BACKEND``. Adding a backend starts here.
 """
 

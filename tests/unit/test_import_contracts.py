@@ -5,7 +5,8 @@ contracts from pytest, and also on the real import graph with one import
 added, to show each rule catches the import it is there for (a pure
 operator module reaching for kopf or the clock, directly or through a chain;
 the agent's decision module importing ``workers`` as ``restart_policy`` once
-did; an agent module other than ``rendezvous`` naming store keys). A
+did; its flag parsing reaching a store client, as ``config`` once did through
+``backends``; an agent module other than ``rendezvous`` naming store keys). A
 contract weakened by a typo or an option would pass ``lint-imports``
 silently; here it fails.
 """
@@ -81,6 +82,9 @@ def test_every_contract_is_kept_by_the_tree(name: str) -> None:
         (PURE_AGENT, "torchflex_agent.restart_policy", "torchflex_agent.workers"),
         (PURE_AGENT, "torchflex_agent.rdzv_logic", "subprocess"),
         (PURE_AGENT, "torchflex_agent.rdzv_logic", "threading"),
+        # Flag parsing reaches no store client (config once did, through backends' openers).
+        (PURE_AGENT, "torchflex_agent.config", "torchflex_agent.backends"),
+        (PURE_AGENT, "torchflex_agent.endpoints", "torchflex_agent.store_tcp"),
         (STORE_KEYS, "torchflex_agent.liveness", "torchflex_contract.store_keys"),
         (STORE_KEYS, "torchflex_agent.supervise", "torchflex_contract.store_keys"),
     ],

@@ -15,6 +15,7 @@ import pytest
 
 from e2e.localproc import free_port
 from torchflex_agent import backends
+from torchflex_agent.endpoints import parse_endpoints
 from torchflex_agent.errors import StoreUnavailableError
 from torchflex_agent.kvstore import KVStore
 
@@ -42,7 +43,7 @@ def test_opener_connects_to_the_real_store(
     name: str, server: str, endpoint: str, request: pytest.FixtureRequest
 ) -> None:
     port = request.getfixturevalue(server)
-    endpoints = backends.parse_endpoints(endpoint.format(port=port), name)
+    endpoints = parse_endpoints(endpoint.format(port=port), name)
     connect = backends.backend(name).opener(endpoints, None)
     ours, theirs = connect(time.monotonic() + 20.0), _direct(name, port)
     key = f"/backends-open/{uuid.uuid4().hex[:10]}"
@@ -57,7 +58,7 @@ def test_opener_connects_to_the_real_store(
 @pytest.mark.timeout(60)
 def test_unreachable_c10d_store_names_the_tcp_cause() -> None:
     port = free_port()  # nothing listens there
-    endpoints = backends.parse_endpoints(f"127.0.0.1:{port}", "c10d")
+    endpoints = parse_endpoints(f"127.0.0.1:{port}", "c10d")
     connect = backends.backend("c10d").opener(endpoints, None)
     with pytest.raises(StoreUnavailableError, match=r"\(TCP connect: Connection refused\)"):
         connect(time.monotonic() + 1.0)

@@ -1,5 +1,6 @@
-"""Table tests of the agent's backend registry: one entry per contract name, each
-backend's endpoint syntax and log name, and the in-memory store's connections.
+"""Table tests of the agent's backend registry: one entry per contract name (in the
+openers of ``backends`` and the endpoint syntax of ``endpoints``), each backend's
+endpoint syntax and log name, and the in-memory store's connections.
 
 The c10d and etcd connections are opened against real servers in
 tests/integration/agent/test_agent_backends_open.py.
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchflex_agent import backends
-from torchflex_agent.backends import Endpoint, parse_endpoints
+from torchflex_agent import backends, endpoints
+from torchflex_agent.endpoints import Endpoint, parse_endpoints
 from torchflex_agent.errors import ConfigError
 from torchflex_contract.rendezvous_backends import RendezvousBackend
 
@@ -18,7 +19,8 @@ from torchflex_contract.rendezvous_backends import RendezvousBackend
 def test_every_contract_name_has_one_agent_backend_in_the_contracts_order() -> None:
     assert list(backends.REGISTRY) == list(RendezvousBackend)
     assert all(name is entry.name for name, entry in backends.REGISTRY.items())
-    assert backends.NAMES == ("c10d", "etcd", "memory")
+    assert list(endpoints.SYNTAX) == list(RendezvousBackend)
+    assert endpoints.NAMES == ("c10d", "etcd", "memory")
 
 
 def test_an_unknown_name_is_a_config_error_naming_the_flag_and_the_choices() -> None:
@@ -75,7 +77,7 @@ def test_endpoint_errors_per_backend(backend: str, text: str, message: str) -> N
 
 
 @pytest.mark.parametrize(
-    ("backend", "endpoints", "name"),
+    ("backend", "eps", "name"),
     [
         ("c10d", (Endpoint("http", "s", 29400),), "the c10d rendezvous store s:29400"),
         (
@@ -86,8 +88,8 @@ def test_endpoint_errors_per_backend(backend: str, text: str, message: str) -> N
         ("memory", (), "the memory rendezvous store"),
     ],
 )
-def test_store_name_in_logs(backend: str, endpoints: tuple[Endpoint, ...], name: str) -> None:
-    assert backends.describe(backend, endpoints) == name
+def test_store_name_in_logs(backend: str, eps: tuple[Endpoint, ...], name: str) -> None:
+    assert endpoints.describe(backend, eps) == name
 
 
 def test_memory_connections_of_one_opener_share_one_store_and_openers_do_not() -> None:
