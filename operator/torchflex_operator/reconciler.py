@@ -106,6 +106,8 @@ class Reconciler:
         """Ids of the job's ``status.pendingEvents`` posted by this process."""
         self._denied_warned_at: float | None = None
         self._gangs: dict[JobKey, int] = {}
+        self._gang_asked = asyncio.Lock()
+        """Held while discovery is asked: the workers' first passes ask once between them."""
         """The gang ``minCount`` this process wrote to each job's PodGroup (``gang``)."""
         self.metrics.instrument(self.queue, lambda: self.jobs if self.gate.active else {})
 
@@ -300,12 +302,13 @@ class Reconciler:
 
     async def _gang_mode(self) -> GangScheduling:
         """Whether the API serves PodGroups, asked once per process (``gang``)."""
-        mode = self.settings.gang_scheduling
-        if mode is None:
-            mode = gang.mode(await self.kube.pod_groups_served())
-            log.info("gang scheduling of each job's minimum: %s", mode.value)
-            self.settings = dataclasses.replace(self.settings, gang_scheduling=mode)
-        return mode
+        async with self._gang_asked:
+            mode = self.settings.gang_scheduling
+            if mode is None:
+                mode = gang.mode(await self.kube.pod_groups_served())
+                log.info("gang scheduling of each job's minimum: %s", mode.value)
+                self.settings = dataclasses.replace(self.settings, gang_scheduling=mode)
+            return mode
 
     async def _apply_gang(self, key: JobKey, job: JobSpec) -> None:
         """Create the job's PodGroup (before its pods: a pod naming a group that is not

@@ -224,6 +224,7 @@ class _FakeKube:
 
     async def pod_groups_served(self) -> bool:
         self.calls.append("discovery")
+        await asyncio.sleep(0)  # a request: other passes run meanwhile
         return self.served
 
     async def apply_pod_group(self, manifest: dict[str, Any]) -> None:
@@ -333,3 +334,14 @@ def test_first_pass_creates_a_gang_of_20_whole(mode: GangScheduling, created: in
     first = plan(big, JobStatus(), observed(), NOW, Settings(gang_scheduling=mode))
     workers = [p for p in first.create_pods if p["metadata"]["labels"][Label.ROLE] == Role.WORKER]
     assert len(workers) == created
+
+
+def test_workers_first_passes_ask_discovery_once_between_them() -> None:
+    kube = _FakeKube(served=True)
+    reconciler = Reconciler(cast(Kube, kube), Settings())
+
+    async def first_passes() -> list[GangScheduling]:
+        return list(await asyncio.gather(*(reconciler._gang_mode() for _ in range(4))))
+
+    assert asyncio.run(first_passes()) == [GangScheduling.ENABLED] * 4
+    assert kube.calls.count("discovery") == 1
