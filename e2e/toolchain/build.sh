@@ -6,8 +6,11 @@
 # cluster`, `make test`). Versions come from versions.env only. A binary that
 # is already in the cache is never rebuilt, so a warm run takes milliseconds.
 #
-#   e2e/toolchain/build.sh            build what is missing, print the bin dir
-#   e2e/toolchain/build.sh --print    print the bin dir, build nothing
+#   e2e/toolchain/build.sh               build what is missing, print the bin dir
+#   e2e/toolchain/build.sh --print       print the bin dir, build nothing
+#   e2e/toolchain/build.sh --real-nodes  also the real-node flavor's parts
+#                                        (kubelet, pause, Debian containerd/runc/CNI);
+#                                        only `make test-real-nodes` asks for them
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,6 +25,8 @@ if [[ "${1:-}" == "--print" ]]; then
   echo "$bin_dir"
   exit 0
 fi
+real_nodes=0
+[[ "${1:-}" == "--real-nodes" ]] && real_nodes=1
 
 mkdir -p "$bin_dir"
 log() { echo "[toolchain] $*" >&2; }
@@ -117,5 +122,12 @@ go_install kwok "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" "-X sigs.k8s.io/kwok
 go_install kwokctl "sigs.k8s.io/kwok/cmd/kwokctl@${KWOK_VERSION}" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}"
 build_helm
 build_knp
+if (( real_nodes )); then
+  # shellcheck source=realnode.sh
+  source "$here/realnode.sh"
+  build_k8s kubelet
+  build_pause
+  install_node_packages
+fi
 
 echo "$bin_dir"

@@ -1,0 +1,41 @@
+# The real-node flavor's parts beside the control plane (issue 16): the pause
+# binary from Kubernetes' own pause.c, and containerd/runc/CNI plugins from
+# Debian at the versions pinned in versions.env.
+#
+# Where it sits: sourced by build.sh only under --real-nodes (so `make
+# toolchain` costs what it did), after build.sh has set here/bin_dir/log and
+# sourced versions.env. The kubelet itself is build.sh's build_k8s, from the
+# same pinned k8s.io/kubernetes module as the API server.
+
+# pause.c ships in the k8s.io/kubernetes module zip (build/pause/linux); built
+# static as upstream's Makefile does, so the image needs nothing but the file.
+build_pause() {
+  local out="$bin_dir/pause-${PAUSE_VERSION}"
+  [[ -x "$out" ]] && return 0
+  local src
+  src="$(cd "$here/k8s" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c"
+  [[ -f "$src" ]] || (cd "$here/k8s" && go mod download k8s.io/kubernetes)
+  log "building pause ${PAUSE_VERSION} from $src"
+  gcc -Os -Wall -Werror -static -DVERSION="v${PAUSE_VERSION}-${KUBERNETES_VERSION}" -o "$out.tmp" "$src"
+  strip "$out.tmp"
+  mv "$out.tmp" "$out"
+}
+
+# Debian's packages at the pinned versions; apt is a no-op when they are
+# there. policy-rc.d on this machine keeps apt from starting the daemons: the
+# harness starts its own containerd on its own socket.
+install_node_packages() {
+  local want=(
+    "containerd=${CONTAINERD_DEB_VERSION}"
+    "runc=${RUNC_DEB_VERSION}"
+    "containernetworking-plugins=${CNI_PLUGINS_DEB_VERSION}"
+    "busybox-static=${BUSYBOX_DEB_VERSION}"
+  )
+  local missing=() pkg
+  for pkg in "${want[@]}"; do
+    [[ "$(dpkg-query -W -f '${Version}' "${pkg%%=*}" 2>/dev/null)" == "${pkg#*=}" ]] || missing+=("$pkg")
+  done
+  (( ${#missing[@]} )) || return 0
+  log "installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+}
