@@ -193,12 +193,7 @@ def plot(results: Sequence[SizeResult]) -> Path:
         for a in row:
             a.set_xlabel("jobs")
             a.grid(True, alpha=0.3)
-    fig.tight_layout()
-    report.PLOTS_DIR.mkdir(exist_ok=True)
-    path = report.PLOTS_DIR / "operator_scale.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return report.save_figure(fig, "operator_scale", dpi=100)
 
 
 def as_json(results: Sequence[SizeResult]) -> dict[str, Any]:

@@ -180,12 +180,7 @@ def plot(results: dict[tuple[str, int], list[TrialOutcome]], sizes: Sequence[int
     ax.set_title("Rendezvous latency (median, min-max bars)")
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
-    report.PLOTS_DIR.mkdir(exist_ok=True)
-    path = report.PLOTS_DIR / "rendezvous.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return report.save_figure(fig, "rendezvous")
 
 
 def body(

@@ -4,7 +4,8 @@ Where it sits: each benchmark module (``benchmarks/<name>.py``) measures, then
 calls :func:`write_section` with its own name (through :mod:`benchmarks.cli`,
 which adds the command and skips smoke runs); this module owns the layout of
 ``benchmarks/RESULTS.md`` so benchmarks run alone or through ``make bench``
-rewrite only their own section and leave the others as they were.
+rewrite only their own section and leave the others as they were. Plots go
+to ``benchmarks/plots/<name>.png`` through :func:`save_figure`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ import statistics
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 BENCH_DIR: Final = Path(__file__).resolve().parent
 RESULTS_MD: Final = BENCH_DIR / "RESULTS.md"
@@ -145,3 +149,15 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def save_figure(fig: Figure, name: str, dpi: int = 110) -> Path:
+    """Lay out ``fig``, write it as ``plots/<name>.png`` and close it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    PLOTS_DIR.mkdir(exist_ok=True)
+    path = PLOTS_DIR / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
