@@ -21,6 +21,7 @@ BENCHMARKS: tuple[str, ...] = (
     "rendezvous",
     "recovery",
     "preemption",
+    "goodput",
     "recovery_cluster",
     "operator_scale",
 )

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks import report
-from benchmarks.cli import BenchCli, command
+from benchmarks.cli import BenchCli, command, positive_float
 
-MAINS = ("rendezvous", "recovery", "preemption", "recovery_cluster", "operator_scale")
+MAINS = ("rendezvous", "recovery", "preemption", "goodput", "recovery_cluster", "operator_scale")
 
 
 def _cli(**kwargs: str | None) -> BenchCli:
@@ -63,6 +63,24 @@ def test_bad_flags_exit_non_zero_with_the_usage(
     err = capsys.readouterr().err
     assert err.startswith("usage: python -m benchmarks.demo")
     assert hint in err
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [("0", "must be a finite number > 0"), ("-1.5", "must be a finite number > 0"),
+     ("inf", "must be a finite number > 0"), ("nan", "must be a finite number > 0"),
+     ("ten", "not a number")],
+)  # fmt: skip
+def test_positive_float_refuses_what_is_no_duration(
+    text: str, hint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli = BenchCli("plain", None, quick_help="small")
+    cli.add_argument("--every", type=positive_float, default=30.0)
+    assert cli.parse(["--every", "2.5"]).args.every == 2.5
+    with pytest.raises(SystemExit) as exc:
+        cli.parse(["--every", text])
+    assert exc.value.code == 2
+    assert hint in capsys.readouterr().err
 
 
 def test_a_benchmark_without_json_or_reps_refuses_them(capsys: pytest.CaptureFixture[str]) -> None:
