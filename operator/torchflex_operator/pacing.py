@@ -42,3 +42,10 @@ def budget(workers: Sequence[PodView], settings: Settings, at_once: int = 0) -> 
     cap = max(settings.max_unscheduled, at_once)
     allowed = max(0, min(window, cap) - unscheduled)
     return Budget(allowed, unscheduled, scheduled, capped=unscheduled >= cap)
+
+
+def backoff_delay(streak: int, settings: Settings) -> float:
+    """Replacement delay after ``streak`` consecutive replacement rounds (1, 2, 4, ... cap)."""
+    if streak <= 0:
+        return 0.0
+    return float(min(settings.backoff_cap_s, settings.backoff_base_s * 2 ** (streak - 1)))

@@ -12,10 +12,8 @@ until the reconciler writes it), Events, and when to look again.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 from dataclasses import replace
-from typing import Any
 
 from torchflex_contract import labels
 from torchflex_contract.exit_codes import ExitCode
@@ -26,72 +24,20 @@ from torchflex_operator import (
     conditions,
     events,
     gang,
+    lifecycle,
     netpol,
     pacing,
     rollout,
     training,
     verdicts,
 )
+from torchflex_operator.actions import Plan
 from torchflex_operator.failures import classify, final_report, root_cause, succeeded
 from torchflex_operator.observed import Observed, PodView
 from torchflex_operator.settings import Settings
-from torchflex_operator.spec import CleanPodPolicy, JobSpec
+from torchflex_operator.spec import JobSpec
 from torchflex_operator.status import Condition, JobStatus, LastFailure
 from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
-
-Manifest = dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class PodDelete:
-    name: str
-    uid: str
-    force: bool = False
-    """Grace period 0: only for pods stuck terminating on a lost node."""
-    grace_s: int | None = None
-    """A shorter grace period than the pod's own (fencing a silent pod); None: the pod's."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    type: EventType
-    reason: EventReason
-    message: str
-
-
-@dataclasses.dataclass
-class Plan:
-    create_pods: list[Manifest] = dataclasses.field(default_factory=list)
-    create_services: list[Manifest] = dataclasses.field(default_factory=list)
-    create_network_policies: list[Manifest] = dataclasses.field(default_factory=list)
-    delete_network_policies: list[str] = dataclasses.field(default_factory=list)
-    delete_pods: list[PodDelete] = dataclasses.field(default_factory=list)
-    status: JobStatus | None = None
-    """The job's new status; None: none decided (a job being deleted)."""
-    events: list[Event] = dataclasses.field(default_factory=list)
-    requeue_after: float | None = None
-    delete_job: bool = False
-    replacements: list[Reason] = dataclasses.field(default_factory=list)
-    """Reason of each failed worker handled this pass (metrics)."""
-
-    def wake_in(self, seconds: float) -> None:
-        seconds = max(0.0, seconds)
-        if self.requeue_after is None or seconds < self.requeue_after:
-            self.requeue_after = seconds
-
-    def delete(self, pod: PodView, *, force: bool = False, grace_s: int | None = None) -> None:
-        if all(d.name != pod.name for d in self.delete_pods):
-            self.delete_pods.append(PodDelete(pod.name, pod.uid, force, grace_s))
-
-    def event(self, etype: EventType, reason: EventReason, message: str) -> None:
-        self.events.append(Event(etype, reason, message))
-
-
-def backoff_delay(streak: int, settings: Settings) -> float:
-    """Replacement delay after ``streak`` consecutive replacement rounds (1, 2, 4, ... cap)."""
-    if streak <= 0:
-        return 0.0
-    return float(min(settings.backoff_cap_s, settings.backoff_base_s * 2 ** (streak - 1)))
 
 
 class _Pass:
@@ -151,9 +97,6 @@ class _Pass:
         )
         self.s = replace(self.s, conditions=conds)
 
-    def _all_pods(self) -> list[PodView]:
-        return list(self.obs.pods)
-
     # -- terminal handling -----------------------------------------------------
 
     def finish(self, phase: Phase, reason: Reason, message: str) -> None:
@@ -172,66 +115,7 @@ class _Pass:
         ereason = EventReason.SUCCEEDED if phase is Phase.SUCCEEDED else EventReason.FAILED
         self.plan.event(etype, ereason, f"{reason.value}: {message}")
 
-    def cleanup(self) -> None:
-        """Stop pods of a finished job per ``cleanPodPolicy``; then TTL."""
-        policy = self.job.clean_pod_policy
-        for pod in self._all_pods():
-            if pod.terminating or policy is CleanPodPolicy.NONE:
-                continue
-            if policy is CleanPodPolicy.ALL or not pod.finished:
-                self.plan.delete(pod)
-        ttl = self.job.ttl_seconds_after_finished
-        done = self.s.completion_time
-        if ttl is not None and done is not None:
-            left = ttl - (self.now - done).total_seconds()
-            if left <= 0:
-                self.plan.delete_job = True
-                self.plan.event(
-                    EventType.NORMAL,
-                    EventReason.TTL_EXPIRED,
-                    f"deleting job {ttl}s after it finished",
-                )
-            else:
-                self.plan.wake_in(left)
-
     # -- steps -----------------------------------------------------------------
-
-    def suspend(self) -> None:
-        pods = [p for p in self._all_pods() if not p.terminating]
-        for pod in pods:
-            self.plan.delete(pod)
-        if self.prior_phase is not Phase.SUSPENDED:
-            self.plan.event(
-                EventType.NORMAL,
-                EventReason.SUSPENDED,
-                f"job suspended; deleting {len(pods)} pod(s)",
-            )
-        self.s = replace(
-            self.s,
-            phase=Phase.SUSPENDED,
-            start_time=None,
-            below_min_since=None,
-            backoff_until=None,
-        )
-        self.set_condition(
-            ConditionType.SUSPENDED,
-            status=True,
-            reason=Reason.SUSPENDED_BY_USER,
-            message="spec.suspend is true",
-        )
-
-    def resume_if_needed(self) -> None:
-        if self.prior_phase is Phase.SUSPENDED:
-            self.plan.event(EventType.NORMAL, EventReason.RESUMED, "job resumed")
-            self.set_condition(
-                ConditionType.SUSPENDED,
-                status=False,
-                reason=Reason.RESUMED,
-                message="spec.suspend is false",
-            )
-            self.s = replace(self.s, phase=Phase.PENDING)
-        if self.s.start_time is None:
-            self.s = replace(self.s, start_time=self.stamp)
 
     def account_failures(self) -> list[PodView]:
         """Count each failed worker once (by UID, remembered in status); return them."""
@@ -288,7 +172,7 @@ class _Pass:
             streak = (
                 streak + 1 if last is not None and last < 2 * self.settings.backoff_cap_s else 1
             )
-            delay = backoff_delay(streak, self.settings)
+            delay = pacing.backoff_delay(streak, self.settings)
             until = self.now + dt.timedelta(seconds=delay)
             self.s = replace(
                 self.s,
@@ -479,7 +363,7 @@ class _Pass:
     def decide(self) -> None:
         """The steps of a job that is neither finished nor suspended, in order."""
         job, result = self.job, self.plan
-        self.resume_if_needed()
+        lifecycle.resume(self)
         failed = self.account_failures()
         verdicts.force_delete_stuck(self)
         deadline = job.active_deadline_s
@@ -534,7 +418,7 @@ class _Pass:
                 self.roll()
                 verdicts.desired_size(self, budget, held)
         if self.finished:
-            self.cleanup()
+            lifecycle.cleanup(self)
         else:
             if verdict is not None:  # completing: the agents' reports say who still trains
                 training.training(self)
@@ -544,9 +428,9 @@ class _Pass:
         if self.job.deleting:
             return self.plan  # the garbage collector owns teardown; no status to write
         if self.prior_phase is not None and self.prior_phase.finished:
-            self.cleanup()
+            lifecycle.cleanup(self)
         elif self.job.suspend:
-            self.suspend()
+            lifecycle.suspend(self)
         else:
             self.decide()
         if self.finished:

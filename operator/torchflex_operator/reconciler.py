@@ -31,6 +31,7 @@ from typing import Any
 
 from torchflex_contract import labels
 from torchflex_operator import events, gang
+from torchflex_operator.actions import Plan
 from torchflex_operator.agent_status import StatusPoller
 from torchflex_operator.cache import JobKey, NodeCache, OwnedCache
 from torchflex_operator.defaulting import replicas_patch
@@ -50,7 +51,7 @@ from torchflex_operator.leader import Gate
 from torchflex_operator.logsetup import CURRENT_JOB
 from torchflex_operator.metrics import Metrics
 from torchflex_operator.observed import Observed, PodView, Refusal
-from torchflex_operator.planner import Plan, plan
+from torchflex_operator.planner import plan
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 from torchflex_operator.status import JobStatus

@@ -1,10 +1,13 @@
-"""The repository layout keeps the standard library reachable."""
+"""The repository layout: the standard library stays reachable, cluster slots never
+share state, and the docs map every product module."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import sysconfig
+from pathlib import Path
 
 from e2e.cluster.layout import REPO_ROOT
 
@@ -70,3 +73,23 @@ def test_bad_cluster_slot_is_refused_with_the_variable_name() -> None:
     out = _layout_in_slot("9")
     assert out.returncode != 0
     assert "TORCHFLEX_CLUSTER_SLOT must be an integer 0-7" in out.stderr
+
+
+def _modules(package: Path) -> set[str]:
+    return {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+
+
+def _named_in(doc: Path) -> set[str]:
+    return set(re.findall(r"`([a-z_]+\.py)`", doc.read_text()))
+
+
+def test_every_product_module_has_its_row_in_the_docs() -> None:
+    """A newcomer finds each room from docs: the operator's map (docs/api.md, "The
+    operator in the code") and the agent's (docs/agent.md) name every module."""
+    root = REPO_ROOT
+    for package, doc in (
+        (root / "operator" / "torchflex_operator", root / "docs" / "api.md"),
+        (root / "agent" / "torchflex_agent", root / "docs" / "agent.md"),
+    ):
+        missing = _modules(package) - _named_in(doc)
+        assert not missing, f"{doc.name} does not name {sorted(missing)}"

@@ -8,8 +8,8 @@ from typing import Any
 
 from torchflex_contract import labels
 from torchflex_contract.labels import Role
+from torchflex_operator.actions import Plan
 from torchflex_operator.observed import Observed, PodView
-from torchflex_operator.planner import Plan
 from torchflex_operator.spec import JobSpec
 from torchflex_operator.status import JobStatus
 

@@ -22,8 +22,9 @@ from tests.unit.operator.factories import (
 from torchflex_contract import labels
 from torchflex_contract.exit_codes import SIGKILL_EXIT
 from torchflex_operator import builders
+from torchflex_operator.actions import Plan
 from torchflex_operator.observed import PodView
-from torchflex_operator.planner import Plan, plan
+from torchflex_operator.planner import plan
 from torchflex_operator.settings import Settings
 from torchflex_operator.vocabulary import EventReason, Phase, Reason
 

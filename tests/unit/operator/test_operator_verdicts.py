@@ -25,9 +25,10 @@ from torchflex_contract import labels
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState
 from torchflex_operator import completion, events, fencing, pacing
+from torchflex_operator.actions import Plan
 from torchflex_operator.completion import Outcome
 from torchflex_operator.observed import PodView, Refusal
-from torchflex_operator.planner import Plan, plan
+from torchflex_operator.planner import plan
 from torchflex_operator.settings import Settings
 from torchflex_operator.status import JobStatus
 from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
