@@ -6,7 +6,7 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 # Tests on the real control plane run as root (network namespaces, bridge).
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv toolchain lint test test-unit test-integration test-e2e cluster cluster-down demo bench clean
+.PHONY: help venv toolchain lint test test-unit test-integration test-e2e test-real-nodes cluster cluster-down demo bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
@@ -35,6 +35,10 @@ test-e2e: venv toolchain ## whole scenarios on the local control plane
 
 test: lint venv toolchain ## every tier: lint, unit, integration, e2e
 	$(PYTEST) tests
+
+test-real-nodes: venv ## opt-in: pods on a real kubelet + containerd node (not part of `make test`)
+	@bash e2e/toolchain/build.sh --real-nodes >/dev/null
+	$(PYTEST) tests/realnode
 
 cluster: venv toolchain ## start (or reuse) the local control plane; prints the env to use it
 	@$(PY) -m e2e.cluster up

@@ -152,6 +152,10 @@ def ensure_up(root: Path | None = None, nodes: list[str] | None = None) -> Clust
 def tear_down(root: Path | None = None, remove_state: bool = True) -> None:
     """Stop our daemons by PID, remove pod namespaces, the bridge and state."""
     lay = Layout(root or state_dir())
+    # A real node (e2e.realnode, opt-in) first: its daemons and mounts live in lay.root.
+    from e2e.realnode.node import real_node_down
+
+    real_node_down(lay.root)
     if lay.pids.exists():
         # The kubelet first: it stops the pods' processes it started.
         processes.stop_all(lay.pids, ["kubelet", *reversed(DAEMONS[:-1])])

@@ -6,7 +6,8 @@ Rooms: ``plan`` (pure: names, addresses, paths and every config file's
 text), ``images`` (OCI image tarballs built here: pause, busybox),
 ``node`` (acts: certificates, daemons, image import, tear-down),
 ``__main__`` (``python -m e2e.realnode up|down``). Opt-in: only
-``make test-real-nodes`` and ``make real-node`` use it.
+``make test-real-nodes`` and ``python -m e2e.realnode`` start it;
+``e2e.cluster``'s tear-down removes it (a no-op when none runs).
 """
 
 from e2e.realnode.node import RealNode, real_node_down, real_node_up

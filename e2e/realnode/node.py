@@ -76,10 +76,12 @@ def _certs(pki: Path) -> None:
 
 
 def _cgroup_hierarchies() -> list[Path]:
-    """Every mounted cgroup v1 hierarchy once (cpu and cpuacct may be links to one)."""
+    """Every mounted cgroup hierarchy once (cpu and cpuacct may be links to
+    one), with the hybrid layout's controller-less v2 ``unified`` one too:
+    runc makes the pods' cgroups there as well."""
     seen: dict[Path, Path] = {}
     for entry in sorted(CGROUP_MOUNT.iterdir()):
-        if (entry / "tasks").exists():
+        if (entry / "cgroup.procs").exists():
             seen.setdefault(entry.resolve(), entry)
     return list(seen.values())
 
