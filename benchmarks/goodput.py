@@ -77,6 +77,9 @@ _WARM_STEPS = 5
 # 10 steps of the example's 100 ms, room for a loaded machine's slow step.
 _STALL_GAP_S = 1.0
 _PROTECTED = frozenset({0})
+# A step printed just before the window's end is still in a pipe: a short
+# wait before reading (later steps are not counted, their stamps are past it).
+_SETTLE_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +182,7 @@ def run_launcher(
         start = time.time()
         run.applied = chaos.play(events, cfg.duration)
         end = start + cfg.duration
+        time.sleep(_SETTLE_S)  # the last lines of the window reach their readers
         timeline = job_timeline(s for n in job.nodes for s in n.steps())
         run.ideal_rate = step_rate(timeline, base_start, start, cfg.nodes)
         if run.ideal_rate == 0:
