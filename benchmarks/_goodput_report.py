@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import report
-from benchmarks._chaos import REPLACE, ChaosEvent
+from benchmarks._chaos import FREEZE, KILL, REPLACE, ChaosEvent
 from benchmarks._goodput_stats import Goodput
 
 NOT_BUILT = "not built yet"
+_EVENT_STYLE = {KILL: ("red", "-"), FREEZE: ("blue", "-"), REPLACE: ("grey", ":")}
 
 
 @dataclasses.dataclass
@@ -159,10 +160,10 @@ def plot(runs: Sequence[Run], schedule: Sequence[ChaosEvent], duration: float) -
         ys = [run.curve[0][1] - 1, *(s for _, s in run.curve)]
         ax.plot(xs, [y - ys[0] for y in ys], drawstyle="steps-post", label=run.launcher)
     for e in schedule:
-        style = {"color": "grey", "linestyle": ":"} if e.action == REPLACE else {"color": "red"}
-        ax.axvline(e.time, linewidth=1, alpha=0.6, **style)  # type: ignore[arg-type]
+        color, line = _EVENT_STYLE[e.action]
+        ax.axvline(e.time, color=color, linestyle=line, linewidth=1, alpha=0.6)
     ax.set_xlim(0, duration)
-    ax.set_xlabel("seconds into the chaos window (red: kill/freeze, dotted: replacement)")
+    ax.set_xlabel("seconds into the chaos window (red: kill, blue: freeze, dotted: replacement)")
     ax.set_ylabel("job step (from the window's start)")
     ax.set_title("Training progress under churn (first repetition)")
     ax.legend()
