@@ -22,7 +22,7 @@ from e2e.cluster.layout import state_dir
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes
 from e2e.trainlog import LogFollower, progress_violations
 from e2e.workload import TrainingJob, apply, apply_crd, get_job
-from torchflex_operator.vocabulary import Phase
+from torchflex_operator.vocabulary import ConditionType, Phase
 
 NAMESPACE = "torchflex-demo"
 JOB = "demo"
@@ -139,7 +139,12 @@ class Demo:
                 "group re-formed straight at full size"
             )
 
-        self.wait("the job to succeed", lambda: self.phase() == Phase.SUCCEEDED, 600)
+        self.wait("the job to finish", lambda: Phase(self.phase() or "Pending").finished, 600)
+        if self.phase() != Phase.SUCCEEDED:
+            conds = get_job(self.cluster, NAMESPACE, JOB)["status"].get("conditions") or []
+            failed = [c for c in conds if c.get("type") == ConditionType.FAILED]
+            why = failed[0].get("message", "") if failed else ""
+            raise DemoError(f"the job ended {self.phase()}: {why}")
         self.follower.poll()
         problems = progress_violations(self.follower.lines())
         status = get_job(self.cluster, NAMESPACE, JOB)["status"]

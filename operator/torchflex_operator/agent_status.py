@@ -109,6 +109,19 @@ async def wait_round(
     return raw is not None, parse_response(raw) if raw is not None else None
 
 
+def remember_rounds(
+    known: Mapping[str, int], pods: Sequence[PodView], reports: Mapping[str, AgentReport]
+) -> dict[str, int]:
+    """Pod UID -> newest round reported, ``known`` updated with this pass's ``reports``
+    (keyed by pod name: each is the current pod's) and pruned to the pods still there."""
+    out = {p.uid: known[p.uid] for p in pods if p.uid in known}
+    for pod in pods:
+        report = reports.get(pod.name)
+        if report is not None and report.round >= 0 and pod.uid:
+            out[pod.uid] = max(out.get(pod.uid, -1), report.round)
+    return out
+
+
 def leader(pods: Sequence[PodView], reports: Mapping[str, AgentReport]) -> PodView | None:
     """The running pod whose agent holds global rank 0 in the newest round it reports.
 
@@ -158,11 +171,14 @@ class StatusPoller:
         self._last: dict[object, tuple[float, dict[str, AgentReport], frozenset[str]]] = {}
         self._watches: dict[object, asyncio.Task[None]] = {}
         self._armed_at: dict[object, float] = {}
+        self._rounds: dict[object, dict[str, int]] = {}
+        """Per job, pod UID -> the newest round that pod was seen reporting."""
         self.wakes = 0
         """How many times a held long poll woke a job (logged; read by tests)."""
 
     def forget(self, key: object) -> None:
         self._last.pop(key, None)
+        self._rounds.pop(key, None)
         self._armed_at.pop(key, None)
         task = self._watches.pop(key, None)
         if task is not None:
@@ -223,6 +239,19 @@ class StatusPoller:
             if self.on_change is not None:
                 self.on_change(key)
             return
+
+    def rounds_seen(
+        self, key: object, pods: Sequence[PodView], reports: Mapping[str, AgentReport]
+    ) -> dict[str, int]:
+        """Per pod name, the newest round its current pod (by UID) ever reported.
+
+        Remembered across passes, so a pod that reported round 4 and then fell
+        silent is still known to have joined after a loss in round 3. Pods that
+        are gone are forgotten.
+        """
+        known = remember_rounds(self._rounds.get(key, {}), pods, reports)
+        self._rounds[key] = known
+        return {p.name: known[p.uid] for p in pods if p.uid in known}
 
     def unanswered(self, key: object) -> frozenset[str]:
         """Running pods asked in the latest poll of ``key`` whose agent did not answer."""

@@ -9,7 +9,9 @@ their reports:
 * ``lost_pods`` / ``lost_round``: a live agent's group declared these pods'
   members lost when round ``lost_round`` went stale. A named pod whose own
   agent does not answer ``GET /status``, or answers from a round no newer
-  than ``lost_round``, is fenced: deleted with a short grace period (a
+  than ``lost_round``, is fenced (unless this very pod was ever seen
+  reporting a newer round: it is a replacement that joined after the loss,
+  whatever it says now): deleted with a short grace period (a
   frozen process ignores SIGTERM and dies by the kubelet's SIGKILL when the
   grace ends) and replaced. Its loss is infrastructure, never counted
   against ``backoffLimit``.
@@ -70,19 +72,28 @@ def lost_members(
     reports: Mapping[str, AgentReport],
     unanswered: frozenset[str],
     first_seen: Mapping[str, dt.datetime],
+    rounds_seen: Mapping[str, int] | None = None,
 ) -> list[LostMember]:
     """Running workers the group declared lost and that did not prove otherwise.
 
     A verdict names a pod, and pod names are reused: only a pod created
     before the operator first saw the verdict (``first_seen``) can be the
     member it is about. Its replacement, silent while it starts or reporting
-    no round yet while it joins, is never taken for it.
+    no round yet while it joins, is never taken for it. The operator may see
+    a verdict only after it replaced the pod (a killed pod is replaced at
+    once, the survivors' reports come with the next poll): a pod that was
+    ever seen in a round newer than the loss (``rounds_seen``) joined after
+    it and is not the lost member either, even once it falls silent (its
+    agent exited at the end of the job, before its pod shows it).
     """
     named = verdicts(reports)
+    joined = rounds_seen or {}
     out: list[LostMember] = []
     for pod, (lost_round, reporter) in ((w, named[w.name]) for w in workers if w.name in named):
         seen = first_seen.get(pod.name)
         if not pod.running or seen is None or pod.created is None or pod.created >= seen:
+            continue
+        if joined.get(pod.name, -1) > lost_round:
             continue
         if pod.name in unanswered:
             out.append(LostMember(pod, lost_round, reporter, silent=True))

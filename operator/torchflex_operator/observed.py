@@ -150,6 +150,9 @@ class Observed:
     """Latest agent report per pod name (termination message or ``GET /status``)."""
     unanswered: frozenset[str] = frozenset()
     """Running pods whose agent was asked ``GET /status`` this pass and did not answer."""
+    rounds_seen: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """Per pod name, the newest rendezvous round this very pod (its UID, not a
+    same-named predecessor) was ever seen reporting; absent: none seen."""
     refusals: Mapping[str, Refusal] = dataclasses.field(default_factory=dict)
     """Latest refused create per object name, until a create of that name succeeds."""
     posted_events: frozenset[int] = frozenset()

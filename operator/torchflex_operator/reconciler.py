@@ -239,6 +239,7 @@ class Reconciler:
             nodes_known=self.nodes.synced,
             reports=reports,
             unanswered=self.poller.unanswered(key),
+            rounds_seen=self.poller.rounds_seen(key, pods, reports),
             refusals=dict(self._refusals.get(key, {})),
             posted_events=frozenset(self._posted.get(key, ())),
         )

@@ -144,7 +144,9 @@ def fence(p: _Pass) -> None:
             f"{p.settings.force_delete_after_s:.0f}s after its grace period",
         )
     accounted = list(p.s.accounted_pods or ())
-    for lost in fencing.lost_members(p.workers, p.obs.reports, p.obs.unanswered, first_seen):
+    for lost in fencing.lost_members(
+        p.workers, p.obs.reports, p.obs.unanswered, first_seen, p.obs.rounds_seen
+    ):
         pod = lost.pod
         p.plan.delete(pod, grace_s=min(pod.grace_s, p.settings.fence_grace_s))
         if pod.uid in accounted:

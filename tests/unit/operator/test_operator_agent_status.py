@@ -17,6 +17,7 @@ from torchflex_operator.agent_status import (
     StatusPoller,
     leader,
     parse_response,
+    remember_rounds,
     status_request,
 )
 from torchflex_operator.observed import PodView
@@ -70,6 +71,25 @@ def test_leader_is_the_rank_0_agent_of_the_newest_round() -> None:
     assert leader(pods, ending) is None
     assert leader([pod("b", 1, ip=None)], reports) is None
     assert leader(pods, {}) is None
+
+
+def test_each_pod_instance_keeps_the_newest_round_it_reported() -> None:
+    """By UID: a replacement with the lost pod's name starts from nothing, a pod
+    that fell silent keeps what it said, a pod that is gone is forgotten."""
+    a0, b1 = pod("a", 0), pod("b", 1)
+    known = remember_rounds({}, [a0, b1], {"a": dataclasses.replace(REPORT, round=2)})
+    assert known == {"a": 2}
+    # b reports round 4, a falls silent: a keeps round 2
+    known = remember_rounds(known, [a0, b1], {"b": dataclasses.replace(REPORT, round=4)})
+    assert known == {"a": 2, "b": 4}
+    # an older report (a lagging poll) never lowers it; a joining agent (-1) adds nothing
+    known = remember_rounds(known, [a0, b1], {"b": dataclasses.replace(REPORT, round=3)})
+    assert known["b"] == 4
+    a_new = dataclasses.replace(a0, uid="a-replacement")
+    known = remember_rounds(known, [a_new, b1], {"a": dataclasses.replace(REPORT, round=-1)})
+    assert known == {"b": 4}  # the old a is gone; the new a has reported no round yet
+    poller = StatusPoller(enabled=False)
+    assert poller.rounds_seen("job", [a_new, b1], {"b": REPORT}) == {"b": 3}
 
 
 @pytest.mark.timeout(60)

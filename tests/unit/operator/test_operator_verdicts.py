@@ -228,6 +228,42 @@ def test_replacement_with_the_lost_pods_name_is_not_fenced() -> None:
     assert written(later)["lostVerdicts"] == status["lostVerdicts"]  # first sighting kept
 
 
+@pytest.mark.parametrize(
+    ("rounds_seen", "fenced"),
+    [
+        ({}, True),  # never seen reporting: the old member, frozen since round 3
+        ({wn(2): 3}, True),  # seen in the round it was declared lost in
+        ({wn(2): 4}, False),  # seen in round 4: it joined after the loss
+    ],
+)
+def test_a_pod_seen_in_a_newer_round_is_not_the_lost_member(
+    rounds_seen: dict[str, int], fenced: bool
+) -> None:
+    """A killed pod is replaced at once; the survivors' verdict on it comes with a
+    later poll, after the replacement exists. The replacement joins the next round,
+    trains, and falls silent when its agent exits at the end of the job: fencing it
+    then deleted a member of the final round that had exited 0 (make demo, Failed:
+    FinalRoundIncomplete)."""
+    replacement = worker(2, uid="uid-new", created=NOW - dt.timedelta(seconds=30))
+    reports = {wn(0): lost_by(3, wn(2))}
+    seen = {wn(2): NOW}  # the verdict was first seen after the replacement was created
+    lost = fencing.lost_members(
+        [replacement], reports, frozenset({wn(2)}), seen, rounds_seen
+    )
+    assert [m.pod.uid for m in lost] == (["uid-new"] if fenced else [])
+    status = {**RUNNING, "lostVerdicts": [{"pod": wn(2), "round": 3, "since": ago(0)}]}
+    obs = observed(
+        worker(0),
+        worker(1),
+        replacement,
+        reports=reports,
+        unanswered=frozenset({wn(2)}),
+        rounds_seen=rounds_seen,
+    )
+    later = plan(job(), parsed(status), obs, NOW + dt.timedelta(seconds=1))
+    assert [d.name for d in later.delete_pods] == ([wn(2)] if fenced else [])
+
+
 def test_fenced_pod_is_deleted_with_short_grace_and_not_counted() -> None:
     created = NOW - dt.timedelta(seconds=60)
     pods = [worker(0), worker(1), worker(2, grace_s=30, created=created)]
