@@ -23,7 +23,9 @@ LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 # The applets the test pods call through the image's /bin/sh.
-BUSYBOX_APPLETS = ("sh", "echo", "cat", "ls", "sleep", "hostname", "id", "uname", "env")
+BUSYBOX_APPLETS = (
+    "sh", "echo", "cat", "ls", "sleep", "hostname", "id", "uname", "env", "nslookup",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

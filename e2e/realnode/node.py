@@ -3,11 +3,12 @@
 Where it sits: the acting layer of ``e2e.realnode`` (``plan`` decides every
 name, address and config text). :func:`real_node_up` signs the node's
 certificates with the cluster's CA, writes the configs, creates the node's
-cgroup root, starts containerd and the kubelet through
+cgroup root, starts containerd, the cluster DNS (``e2e.realnode.dns``) and
+the kubelet through
 ``e2e.cluster.processes`` (recorded by PID under ``realnode/pids``),
 imports the locally built images and waits for the Node to be Ready.
 :func:`real_node_down` undoes all of it by PID and by path: the kubelet,
-every task in our containerd, containerd itself, the pods' network
+CoreDNS and its RBAC, every task in our containerd, containerd itself, the pods' network
 namespaces, mounts under the node's directory, its cgroups, the Node object.
 """
 
@@ -27,6 +28,7 @@ from e2e.cluster.pki import _sign, kubeconfig_yaml
 from e2e.localproc import free_port
 from e2e.polling import poll_until
 from e2e.realnode import images, plan
+from e2e.realnode.dns import dns_down, dns_up
 from e2e.realnode.plan import NODE_IP, NODE_NAME, NodePaths
 from e2e.toolchain.versions import PAUSE_VERSION
 
@@ -157,6 +159,7 @@ def real_node_up(cluster: Cluster, ready_timeout_s: float = 180.0) -> RealNode:
             "containerd did not answer\n" + processes.exit_status_hint(p.logs, "containerd")
         )
     _import_images(bin_dir, p)
+    dns_up(cluster, p, bin_dir)  # before the kubelet: its clusterDNS names it
     _start(p, "kubelet", plan.kubelet_argv(bin_dir, p))
     try:
         cluster.wait_nodes_ready([NODE_NAME], ready_timeout_s)
@@ -220,6 +223,7 @@ def real_node_down(cluster_root: Path, cluster: Cluster | None = None) -> None:
     if not p.root.exists():
         return
     processes.stop(p.pids, "kubelet")
+    dns_down(p, cluster)
     netns: list[str] = []
     if processes.alive(p.pids, "containerd"):
         netns = _stop_tasks(p)

@@ -232,8 +232,10 @@ def kubelet_config_yaml(
         },
         "authorization": {"mode": "Webhook"},
         "clusterDomain": CLUSTER_DOMAIN,
-        # No cluster DNS yet (issue 16's CoreDNS is a later slice); an empty
-        # resolvConf keeps the host's resolvers out of the pods.
+        # CoreDNS on the bridge address (e2e.realnode.dnsplan): pods with the
+        # default ClusterFirst policy get it as their only nameserver; an
+        # empty resolvConf keeps the host's resolvers and search list out.
+        "clusterDNS": [NODE_IP],
         "resolvConf": "",
         "failSwapOn": False,
         "podLogsDir": str(p.pod_logs),

@@ -127,6 +127,7 @@ if (( real_nodes )); then
   source "$here/realnode.sh"
   build_k8s kubelet
   build_pause
+  build_coredns
   install_node_packages
 fi
 

@@ -21,6 +21,23 @@ build_pause() {
   mv "$out.tmp" "$out"
 }
 
+# CoreDNS from its Go module, through coredns/main.go: only the plugins the
+# cluster DNS uses (no forward, no cloud providers); go.mod there pins the
+# same version as versions.env, checked here so the two cannot drift. A
+# stamp of main.go and go.mod rebuilds it when the plugin set changes.
+build_coredns() {
+  local out="$bin_dir/coredns-${COREDNS_VERSION}" stamp src
+  stamp="$bin_dir/.coredns-${COREDNS_VERSION}-src"
+  src="$(cat "$here/coredns/main.go" "$here/coredns/go.mod" | sha256sum)"
+  [[ -x "$out" && "$(cat "$stamp" 2>/dev/null)" == "$src" ]] && return 0
+  grep -q "github.com/coredns/coredns ${COREDNS_VERSION}\$" "$here/coredns/go.mod" \
+    || { log "coredns/go.mod does not pin coredns ${COREDNS_VERSION}"; return 1; }
+  log "building coredns ${COREDNS_VERSION} (bind, ready, errors, log, kubernetes)"
+  (cd "$here/coredns" && go build -ldflags "-s -w" -o "$out.tmp" .)
+  mv "$out.tmp" "$out"
+  echo "$src" > "$stamp"
+}
+
 # Debian's packages at the pinned versions; apt is a no-op when they are
 # there. policy-rc.d on this machine keeps apt from starting the daemons: the
 # harness starts its own containerd on its own socket.
