@@ -44,6 +44,15 @@ class KVStore(Protocol):
         """The value of ``key``, or None if it does not exist (never blocks)."""
         ...
 
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The values of ``keys``, in order, None where absent (never blocks).
+
+        One round trip where the backend allows it (etcd: one range over
+        the keys' common parent; c10d: ``check`` then ``multi_get``), so a
+        closer reading N descriptors pays one request, not N.
+        """
+        ...
+
     def set(self, key: str, value: bytes) -> None: ...
 
     def add(self, key: str, amount: int) -> int:
@@ -121,6 +130,11 @@ class MemoryStore:
         with self._data.cond:
             self._check()
             return self._data.values.get(key)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        with self._data.cond:
+            self._check()
+            return [self._data.values.get(k) for k in keys]
 
     def set(self, key: str, value: bytes) -> None:
         with self._data.cond:

@@ -26,6 +26,7 @@ so a re-formed group keeps its warm rank 0), the rest wait for r+1.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -103,6 +104,34 @@ def _restart_count(raw: bytes | None) -> int:
         raise StoreProtocolError(f"malformed restart counter {raw!r}") from exc
 
 
+def _decode_closure(raw: bytes | None) -> tuple[str, str] | None:
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        return str(data["outcome"]), str(data.get("message", ""))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreProtocolError(f"malformed job closure: {exc}") from exc
+
+
+def _raise_closure(closure: tuple[str, str] | None) -> None:
+    if closure is None:
+        return
+    outcome, message = closure
+    if outcome == "failed":
+        raise JobFailedError(message or "the job failed on another node")
+    raise RendezvousClosedError(f"rendezvous closed: job {outcome}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _RoundView:
+    """The keys a joiner decides on, read together (one request, see ``_view``)."""
+
+    job_closed: bytes | None
+    closed: bytes | None
+    stale: bytes | None
+
+
 class Rendezvous:
     """One node's view of a job's rendezvous, over one store connection.
 
@@ -143,14 +172,7 @@ class Rendezvous:
 
     def job_closure(self) -> tuple[str, str] | None:
         """(outcome, message) if the job's rendezvous is closed."""
-        raw = self._store.get(self.keys.key(JOB_CLOSED))
-        if raw is None:
-            return None
-        try:
-            data = json.loads(raw)
-            return str(data["outcome"]), str(data.get("message", ""))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise StoreProtocolError(f"malformed job closure: {exc}") from exc
+        return _decode_closure(self._store.get(self.keys.key(JOB_CLOSED)))
 
     def restarts(self) -> int:
         return _restart_count(self._store.get(self.keys.key(RESTARTS)))
@@ -211,13 +233,19 @@ class Rendezvous:
         self._store.compare_set(self.keys.key(JOB_CLOSED), None, value.encode())
 
     def _raise_if_job_closed(self) -> None:
-        closure = self.job_closure()
-        if closure is None:
-            return
-        outcome, message = closure
-        if outcome == "failed":
-            raise JobFailedError(message or "the job failed on another node")
-        raise RendezvousClosedError(f"rendezvous closed: job {outcome}")
+        _raise_closure(self.job_closure())
+
+    def _view_keys(self, round_no: int) -> list[str]:
+        return [
+            self.keys.key(JOB_CLOSED),
+            round_key(self.keys, round_no, CLOSED),
+            round_key(self.keys, round_no, STALE),
+        ]
+
+    def _view(self, round_no: int) -> _RoundView:
+        """The job closure, the round's membership and its stale mark, in one read."""
+        job, closed, stale = self._store.get_many(self._view_keys(round_no))
+        return _RoundView(job, closed, stale)
 
     # -- round state ----------------------------------------------------
 
@@ -311,10 +339,14 @@ class Rendezvous:
         return max(round_no + 1, hint)
 
     def current_round_hint(self) -> int:
-        raw = self._store.get(self.keys.key(CURRENT_ROUND))
+        key = self.keys.key(CURRENT_ROUND)
+        raw = self._store.get(key)
         if raw is None:
-            # add(0) creates the counter as "0" so later compare_sets have a value to match.
-            return self._store.add(self.keys.key(CURRENT_ROUND), 0)
+            # Created as "0" (what add(0) would write) so later compare_sets
+            # have a value to match; a compare_set, not add(0), because N
+            # joiners of a fresh job race here and on etcd a lost create is
+            # then one request, not a read-modify-write loop.
+            raw = self._store.compare_set(key, None, b"0") or b"0"
         try:
             return int(raw)
         except ValueError as exc:
@@ -339,13 +371,16 @@ class Rendezvous:
         deadline = self._clock() + self.settings.join_timeout
         round_no = max(min_round, self.current_round_hint())
         for _ in range(_MAX_ROUND_HOPS):
-            self._raise_if_job_closed()
-            if self.stale_mark(round_no) is not None:
+            # One read, as if the job closure, the stale mark and the
+            # membership were read one after the other at the same instant.
+            view = self._view(round_no)
+            _raise_closure(_decode_closure(view.job_closed))
+            if view.stale is not None:
+                StaleMark.decode(view.stale)  # a malformed mark still raises, as before
                 round_no = self._advance(round_no)
                 continue
-            closed = self._store.get(round_key(self.keys, round_no, CLOSED))
-            if closed is not None:
-                self._wait_out_round(round_no, decode_membership(closed), deadline, stop)
+            if view.closed is not None:
+                self._wait_out_round(round_no, decode_membership(view.closed), deadline, stop)
                 round_no = self._advance(round_no)
                 continue
             result = self._join(round_no, deadline, stop, expected)
@@ -355,15 +390,24 @@ class Rendezvous:
         raise RendezvousTimeoutError(f"no usable round after {_MAX_ROUND_HOPS} rounds")
 
     def _check_deadline(
-        self, round_no: int, deadline: float, stop: threading.Event | None, joined: bool
+        self,
+        round_no: int,
+        deadline: float,
+        stop: threading.Event | None,
+        joined: bool,
+        view: _RoundView | None = None,
     ) -> None:
+        """Raise if stopped, the job closed or the deadline passed; ``view``: a fresh read."""
         if stop is not None and stop.is_set():
             if joined:
                 self.abort_round(round_no, RestartReason.MEMBER_LEFT, "left while joining")
             raise RendezvousInterruptedError(f"stopped while in round {round_no}")
         # A job failed meanwhile (a bad command, the restart budget spent
         # elsewhere) ends every wait here, not just the next round's start.
-        self._raise_if_job_closed()
+        if view is None:
+            self._raise_if_job_closed()
+        else:
+            _raise_closure(_decode_closure(view.job_closed))
         if self._clock() >= deadline:
             arrivals = self._store.tickets(round_key(self.keys, round_no, ARRIVALS))
             if joined:
@@ -442,13 +486,18 @@ class Rendezvous:
         closed_key = round_key(self.keys, round_no, CLOSED)
         min_reached_at: float | None = None
         fallback = max(2 * self.settings.last_call, self._store.wait_slice)
+        # Each pass reads the job closure, membership and stale mark at once:
+        # after a wait that one read serves the deadline check, the loop's
+        # test and the stale test below (three requests before, one now).
+        view = self._view(round_no)
         while True:
-            raw = self._store.get(closed_key)
+            raw = view.closed
             if raw is not None:
                 break
+            arrivals = self._store.tickets(round_key(self.keys, round_no, ARRIVALS))
             decision = close_decision(
                 now=self._clock(),
-                arrivals=self._store.tickets(round_key(self.keys, round_no, ARRIVALS)),
+                arrivals=arrivals,
                 settings=self.settings,
                 min_reached_at=min_reached_at,
                 fallback_wait=fallback,
@@ -456,12 +505,16 @@ class Rendezvous:
             )
             min_reached_at = decision.min_reached_at
             if decision.close:
-                arrivals = self._store.tickets(round_key(self.keys, round_no, ARRIVALS))
-                self._try_close(round_no, min(arrivals, self.settings.max_nodes))
+                if arrivals < self.settings.max_nodes:  # full stays full: no re-read
+                    arrivals = self._store.tickets(round_key(self.keys, round_no, ARRIVALS))
+                closed_view = self._try_close(round_no, min(arrivals, self.settings.max_nodes))
+                view = closed_view or self._view(round_no)
                 continue
             self._store.wait([closed_key], min(decision.wait, self._store.wait_slice))
-            self._check_deadline(round_no, deadline, stop, joined=True)
-        if self.stale_mark(round_no) is not None:
+            view = self._view(round_no)
+            self._check_deadline(round_no, deadline, stop, joined=True, view=view)
+        if view.stale is not None:
+            StaleMark.decode(view.stale)  # a malformed mark still raises, as before
             return None
         nodes = decode_membership(raw)
         if standing(index, len(nodes)) is Standing.WAITER:
@@ -474,25 +527,36 @@ class Rendezvous:
             )
         return RendezvousResult(round=round_no, node_rank=ranks[0], nodes=nodes)
 
-    def _try_close(self, round_no: int, count: int) -> None:
-        """Close the round with the first ``count`` arrivals (one writer wins)."""
+    def _try_close(self, round_no: int, count: int) -> _RoundView | None:
+        """Close the round with the first ``count`` arrivals (one writer wins).
+
+        Returns the round's view if it was closed already (nothing written),
+        read with the descriptors; None after our own compare_set.
+        """
         node_keys = [round_key(self.keys, round_no, NODE, i) for i in range(count)]
-        if not self._store.wait(node_keys, _DESCRIPTOR_WAIT):
-            # A joiner died between its add and its descriptor: admit the
-            # contiguous prefix that did publish; the rest wait for round r+1.
-            present = 0
-            for key in node_keys:
-                if self._store.get(key) is None:
-                    break
-                present += 1
-            count = present
-            node_keys = node_keys[:count]
+        closed_key = round_key(self.keys, round_no, CLOSED)
+        # One read of all descriptors (a range on etcd), not one per key, and
+        # of the round's view: closed already, our compare_set could only lose.
+        *raws, job, closed, stale = self._store.get_many([*node_keys, *self._view_keys(round_no)])
+        if closed is not None:
+            log.debug("round %d: closed already", round_no)
+            return _RoundView(job, closed, stale)
+        missing = [key for key, raw in zip(node_keys, raws, strict=True) if raw is None]
+        if missing:
+            if self._store.wait(missing, _DESCRIPTOR_WAIT):
+                raws = self._store.get_many(node_keys)
+            else:
+                # A joiner died between its add and its descriptor: admit the
+                # contiguous prefix that did publish; the rest wait for round r+1.
+                raws = self._store.get_many(node_keys)
+                count = next((i for i, raw in enumerate(raws) if raw is None), count)
+                node_keys, raws = node_keys[:count], raws[:count]
         nodes = []
-        for key in node_keys:
-            raw = self._store.get(key)
+        for key, raw in zip(node_keys, raws, strict=True):
             if raw is None:
                 raise StoreProtocolError(f"descriptor {key} vanished")
             nodes.append(NodeDescriptor.from_json(json.loads(raw)))
         value = encode_membership(rank_order(nodes), closer=self.node.node_id)
-        won = self._store.compare_set(round_key(self.keys, round_no, CLOSED), None, value) == value
+        won = self._store.compare_set(closed_key, None, value) == value
         log.debug("round %d: close with %d nodes, won=%s", round_no, count, won)
+        return None

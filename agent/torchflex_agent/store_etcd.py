@@ -4,14 +4,16 @@ Where it sits: an alternative to the TCPStore backend for clusters that
 already run etcd (or where the store must survive restarts: etcd persists,
 a TCPStore pod does not). Uses ``etcd3gw`` (HTTP/JSON, no grpc wheels).
 ``compare_set`` is one transaction, ``take_ticket`` one put of a key of
-the taker's own (its number is its rank by revision: no contention, which
-is what makes a 64-agent rendezvous fast), ``add`` is a bounded compare-and-swap
-loop on the key's ``mod_revision`` (a lost race returns the winner's value
-and revision in the same reply, so a retry costs one request, not two,
-and retries back off with jitter so N contending agents do not collide in
-lock-step), and ``wait`` is a watch started at the
-revision right after the read that found the key missing, so a write landing
-between the read and the watch is never lost.
+the taker's own and a count at its revision (its number is its rank by
+revision: no contention, which is what makes a 64-agent rendezvous fast),
+``add`` is a bounded compare-and-swap loop on the key's ``mod_revision`` (a
+lost race returns the winner's value and revision in the same reply, so a
+retry costs one request, not two, and retries back off with jitter so N
+contending agents do not collide in lock-step), ``get_many`` is one
+read-only transaction (a range for a parent's children), and ``wait`` is one
+``get_many`` then one watch over the span of the keys still missing, started
+at the revision right after that read, so a write landing between the read
+and the watch is never lost.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ from torchflex_agent.errors import StoreUnavailableError
 _MAX_ADD_ATTEMPTS = 200
 _ADD_BACKOFF_S = 0.002
 _ADD_BACKOFF_MAX_S = 0.05
+# etcd's default ``--max-txn-ops``: the most point reads one transaction may carry.
+_MAX_TXN_OPS = 128
+# From this many keys of one parent on, ``get_many`` reads the parent's range
+# (the rendezvous asks for all of a round's descriptors, which are all of
+# ``node/``'s children) instead of one point read per key.
+_SIBLING_RANGE = 8
 
 
 def _ticket_prefix(key: str) -> str:
@@ -63,6 +71,10 @@ def etcd_cause(exc: BaseException) -> str:
     if "timed out" in text.lower():
         return f"timed out ({type(exc).__name__})"
     return text[:200] or type(exc).__name__
+
+
+def _header_revision(result: dict[str, Any]) -> int:
+    return int(result.get("header", {}).get("revision", 0))
 
 
 def _b64(data: bytes) -> str:
@@ -125,7 +137,7 @@ class EtcdKVStore:
     def _range(self, key: str) -> tuple[bytes | None, int, int]:
         """(value, mod_revision, header revision) of ``key``."""
         result = self._post("/kv/range", {"key": _b64(key.encode())})
-        revision = int(result.get("header", {}).get("revision", 0))
+        revision = _header_revision(result)
         kvs = result.get("kvs") or []
         if not kvs:
             return None, 0, revision
@@ -134,6 +146,44 @@ class EtcdKVStore:
 
     def get(self, key: str) -> bytes | None:
         return self._range(key)[0]
+
+    def _range_many(self, keys: list[str]) -> tuple[list[bytes | None], int]:
+        """(values of ``keys`` in order, None where absent; a revision they were read at).
+
+        One read-only transaction: ``_SIBLING_RANGE`` or more siblings (keys
+        with one parent, like a round's ``node/<i>`` descriptors) are one
+        range over that parent, other keys one point read each (a range over
+        a round's closed and stale keys would carry all its descriptors);
+        more than ``_MAX_TXN_OPS`` of those take one transaction per batch.
+        The revision is the oldest batch's, so a watch started right after it
+        misses no write to any key.
+        """
+        if len(keys) == 1:
+            value, _mod, revision = self._range(keys[0])
+            return [value], revision
+        by_parent: dict[str, list[str]] = {}
+        for key in keys:
+            by_parent.setdefault(key.rpartition("/")[0], []).append(key)
+        ops: list[dict[str, Any]] = []
+        for parent, children in by_parent.items():
+            if parent and len(children) >= _SIBLING_RANGE:
+                ops.append({"request_range": _prefix_range(parent + "/")})
+            else:
+                ops += [{"request_range": {"key": _b64(k.encode())}} for k in children]
+        found: dict[str, bytes] = {}
+        revisions = []
+        for start in range(0, len(ops), _MAX_TXN_OPS):
+            result = self._post("/kv/txn", {"success": ops[start : start + _MAX_TXN_OPS]})
+            revisions.append(_header_revision(result))
+            for response in result.get("responses") or []:
+                for kv in response.get("response_range", {}).get("kvs") or []:
+                    name = _unb64(kv.get("key", "")).decode(errors="replace")
+                    found[name] = _unb64(kv.get("value", ""))
+        return [found.get(k) for k in keys], min(revisions)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        names = list(keys)
+        return self._range_many(names)[0] if names else []
 
     def set(self, key: str, value: bytes) -> None:
         self._post("/kv/put", {"key": _b64(key.encode()), "value": _b64(value)})
@@ -174,6 +224,8 @@ class EtcdKVStore:
             won, value, mod_rev = self._txn_put(key, compare, str(new).encode())
             if won:
                 return new
+            if amount == 0 and value is not None:
+                return int(value)  # lost the create to another reader: a read now
             time.sleep(random.uniform(0, backoff))
             backoff = min(backoff * 2, _ADD_BACKOFF_MAX_S)
             if value is not None and mod_rev == 0:
@@ -192,8 +244,22 @@ class EtcdKVStore:
         revision = int(result.get("header", {}).get("revision", 0))
         if revision <= 0:
             raise StoreUnavailableError(f"etcd put under {prefix}: no revision in the reply")
-        # etcd's reply ``count`` ignores revision filters: read the keys (no
-        # values) and count those created up to our put ourselves.
+        # Ticket keys are never deleted, so the keys that exist at our put's
+        # revision are exactly those created up to it: count them there (one
+        # small reply; reading all N keys made N joiners parse N^2 entries).
+        request = {**_prefix_range(prefix), "revision": revision, "count_only": True}
+        try:
+            return int(self._client.post(self._client.get_url("/kv/range"), json=request)["count"])
+        except etcd_exc.Etcd3Exception as exc:
+            if "compacted" not in str(getattr(exc, "detail_text", "") or ""):
+                raise StoreUnavailableError(
+                    f"etcd count under {prefix}: {etcd_cause(exc)}"
+                ) from exc
+        except (OSError, KeyError, ValueError, TypeError) as exc:
+            raise StoreUnavailableError(f"etcd count under {prefix}: {exc!r}") from exc
+        # Our revision was compacted away meanwhile: etcd's reply ``count``
+        # ignores revision filters, so read the keys (no values) and count
+        # those created up to our put ourselves.
         kvs = self._post("/kv/range", {**_prefix_range(prefix), "keys_only": True}).get("kvs")
         return sum(1 for kv in kvs or [] if int(kv.get("create_revision", 0)) <= revision)
 
@@ -210,21 +276,31 @@ class EtcdKVStore:
         return value
 
     def wait(self, keys: Sequence[str], timeout: float) -> bool:
+        # One read of every key, then one watch over the span of the missing
+        # ones (from the revision after the read, so no write is lost); any
+        # event in the span means read again. Each pass costs a watch event.
         deadline = time.monotonic() + timeout
-        for key in keys:
-            while True:
-                value, _mod, revision = self._range(key)
-                if value is not None:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                try:
-                    self._client.watch_once(key, timeout=left, start_revision=revision + 1)
-                except etcd_exc.WatchTimedOut:
-                    return False
-                except (etcd_exc.Etcd3Exception, OSError) as exc:
-                    raise StoreUnavailableError(f"etcd watch {key}: {exc}") from exc
+        names = list(keys)
+        while names:
+            values, revision = self._range_many(names)
+            missing = [k for k, v in zip(names, values, strict=True) if v is None]
+            if not missing:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            first, last = min(missing), max(missing)
+            try:
+                self._client.watch_once(
+                    first,
+                    timeout=left,
+                    start_revision=revision + 1,
+                    range_end=None if first == last else last + "\0",
+                )
+            except etcd_exc.WatchTimedOut:
+                return False
+            except (etcd_exc.Etcd3Exception, OSError) as exc:
+                raise StoreUnavailableError(f"etcd watch {first}: {exc}") from exc
         return True
 
     def clone(self) -> EtcdKVStore:

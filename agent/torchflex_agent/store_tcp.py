@@ -44,6 +44,10 @@ from torchflex_agent.errors import StoreUnavailableError
 _ABSENT = b"\x00torchflex-absent\x00"
 _ABSENT_OTHER = b"\x00torchflex-absent-other\x00"
 
+# Up to this many keys ``get_many`` reads one by one: a check plus a
+# multi_get only pays off when most keys exist.
+_SMALL_READ = 4
+
 OP_TIMEOUT_S = 2.0
 """Longest a store operation may take: each is one small request on a LAN, so
 anything near this means the server is frozen or cut off, not busy."""
@@ -154,6 +158,19 @@ class TCPKVStore:
     def get(self, key: str) -> bytes | None:
         value = self._call(lambda: self._store.compare_set(key, _s(_ABSENT), _s(_ABSENT_OTHER)))
         return None if value == _ABSENT else value
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        names = list(keys)
+        if len(names) <= _SMALL_READ:
+            return [self.get(k) for k in names]
+        # ``multi_get`` blocks like ``get`` on an absent key, so it runs only
+        # after ``check`` (a pure read) saw every key: keys are never deleted,
+        # so it cannot block then. Some absent: each half on its own, so a
+        # present run (a round's descriptors) still costs two requests.
+        if self._call(lambda: self._store.check(names)):
+            return list(self._call(lambda: self._store.multi_get(names)))
+        half = len(names) // 2
+        return self.get_many(names[:half]) + self.get_many(names[half:])
 
     def set(self, key: str, value: bytes) -> None:
         self._call(lambda: self._store.set(key, _s(value)))

@@ -122,3 +122,54 @@ def test_tickets_are_unique_dense_and_counted(backend: Backend) -> None:
     assert takers[0].tickets(key) == 16
     assert takers[1].take_ticket(key) == 17
     assert takers[2].tickets(fresh("none")) == 0
+
+
+@pytest.mark.timeout(120)
+def test_get_many_reads_present_and_absent_keys_in_order(backend: Backend) -> None:
+    # The shapes the rendezvous reads: a round's descriptors (siblings, all
+    # of one parent's children, etcd reads them as one range), the job-wide
+    # and per-round keys together (no common parent), present and absent
+    # mixed, and more point reads than one etcd transaction may carry.
+    writer, reader = backend.connect(), backend.connect()
+    base = fresh("many")
+    siblings = [f"{base}/node/{i}" for i in range(12)]
+    for i, key in enumerate(siblings[:10]):
+        writer.set(key, f"d{i}".encode())
+    writer.set(f"{base}/node/3/deeper", b"not asked for")
+    writer.set(f"{base}/closed", b"c")
+    scattered = [f"{base}/closed", f"{base}/stale", f"{base}-other/job"]
+    assert reader.get_many([]) == []
+    assert reader.get_many(siblings) == [f"d{i}".encode() for i in range(10)] + [None, None]
+    assert reader.get_many(list(reversed(siblings[:10]))) == [
+        f"d{i}".encode() for i in reversed(range(10))
+    ]
+    assert reader.get_many([*siblings[:10], *scattered]) == [
+        *(f"d{i}".encode() for i in range(10)),
+        b"c",
+        None,
+        None,
+    ]
+    assert reader.get_many([siblings[3], siblings[11]]) == [b"d3", None]
+    many = [f"{base}/wide-{i}/k" for i in range(140)]
+    for key in many[::7]:
+        writer.set(key, key.encode())
+    assert reader.get_many(many) == [k.encode() if i % 7 == 0 else None for i, k in enumerate(many)]
+    # A read of absent keys writes nothing and disturbs no later create.
+    assert writer.compare_set(siblings[11], None, b"late") == b"late"
+
+
+@pytest.mark.timeout(60)
+def test_wait_on_many_keys_needs_all_of_them(backend: Backend) -> None:
+    waiter, writer = backend.connect(), backend.connect()
+    base = fresh("waitmany")
+    keys = [f"{base}/node/{i}" for i in range(10)]
+    seen: list[bool] = []
+    thread = threading.Thread(target=lambda: seen.append(waiter.wait(keys, 15.0)), daemon=True)
+    thread.start()
+    for key in reversed(keys[1:]):
+        writer.set(key, b"x")
+    time.sleep(0.3)
+    assert not seen, "wait returned before its last key existed"
+    writer.set(keys[0], b"x")
+    thread.join(20)
+    assert seen == [True]
