@@ -30,6 +30,7 @@ from e2e.polling import poll_until
 from e2e.realnode import images, plan
 from e2e.realnode.dns import dns_down, dns_up
 from e2e.realnode.plan import NODE_IP, NODE_NAME, NodePaths
+from e2e.realnode.registry import ImagesPaths, registry_down
 from e2e.toolchain.versions import PAUSE_VERSION
 
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
@@ -219,6 +220,11 @@ def _unmount_under(root: Path) -> None:
 
 def real_node_down(cluster_root: Path, cluster: Cluster | None = None) -> None:
     """Stop everything :func:`real_node_up` started and remove its state."""
+    # The registry's data and buildah's storage stay, for a warm rebuild; the
+    # storage's own mounts go (containers/storage mounts them again on use).
+    images_paths = ImagesPaths.of(cluster_root)
+    registry_down(images_paths)
+    _unmount_under(images_paths.root)
     p = NodePaths.of(cluster_root)
     if not p.root.exists():
         return

@@ -104,6 +104,11 @@ class NodePaths:
         return self.root / "images"
 
     @property
+    def registry_hosts(self) -> Path:
+        """containerd's ``config_path``: one ``<host:port>/hosts.toml`` per registry."""
+        return self.root / "certs.d"
+
+    @property
     def pod_logs(self) -> Path:
         return self.root / "pod-logs"
 
@@ -119,7 +124,7 @@ class NodePaths:
         return [
             self.containerd_root, self.containerd_state, self.cni_conf_dir, self.cni_ipam_dir,
             self.kubelet_root, self.images, self.pod_logs, self.pids, self.logs,
-            self.root / "volume-plugins", self.root / "containerd" / "opt",
+            self.registry_hosts, self.root / "volume-plugins", self.root / "containerd" / "opt",
         ]  # fmt: skip
 
 
@@ -162,10 +167,36 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [{cri}.containerd.runtimes.runc.options]
         BinaryName = "{RUNC}"
         SystemdCgroup = false
+  [{cri}.registry]
+    # Read at each pull: the local registry's hosts.toml (plain HTTP on
+    # loopback) is written when it starts, after containerd.
+    config_path = "{p.registry_hosts}"
   [{cri}.cni]
     bin_dir = "{CNI_BIN_DIR}"
     conf_dir = "{p.cni_conf_dir}"
     max_conf_num = 1
+"""
+
+
+def registry_config_yaml(data_dir: Path, address: str) -> str:
+    """The distribution registry's config: filesystem storage under the slot's
+    state dir, plain HTTP on ``address`` (loopback), no debug server."""
+    conf: dict[str, Any] = {
+        "version": 0.1,
+        "log": {"level": "info", "accesslog": {"disabled": False}},
+        "storage": {"filesystem": {"rootdirectory": str(data_dir)}, "delete": {"enabled": True}},
+        "http": {"addr": address},
+    }
+    return yaml.safe_dump(conf, sort_keys=False)
+
+
+def registry_hosts_toml(address: str) -> str:
+    """containerd's hosts.toml for the local registry at ``host:port``: plain
+    HTTP (the registry listens on loopback only), pull and resolve."""
+    return f"""server = "http://{address}"
+
+[host."http://{address}"]
+  capabilities = ["pull", "resolve"]
 """
 
 

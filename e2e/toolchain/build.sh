@@ -9,7 +9,8 @@
 #   e2e/toolchain/build.sh               build what is missing, print the bin dir
 #   e2e/toolchain/build.sh --print       print the bin dir, build nothing
 #   e2e/toolchain/build.sh --real-nodes  also the real-node flavor's parts
-#                                        (kubelet, pause, Debian containerd/runc/CNI);
+#                                        (kubelet, pause, Debian containerd/runc/CNI,
+#                                        the local registry, the images' base rootfs);
 #                                        only `make test-real-nodes` asks for them
 set -euo pipefail
 
@@ -129,6 +130,8 @@ if (( real_nodes )); then
   build_pause
   build_coredns
   install_node_packages
+  build_registry
+  build_base_rootfs
 fi
 
 echo "$bin_dir"

@@ -1,6 +1,7 @@
 # The real-node flavor's parts beside the control plane (issue 16): the pause
-# binary from Kubernetes' own pause.c, and containerd/runc/CNI plugins from
-# Debian at the versions pinned in versions.env.
+# binary from Kubernetes' own pause.c, containerd/runc/CNI plugins, mmdebstrap
+# and buildah from Debian at the versions pinned in versions.env, the local
+# registry from its Go module and the images' base root filesystem.
 #
 # Where it sits: sourced by build.sh only under --real-nodes (so `make
 # toolchain` costs what it did), after build.sh has set here/bin_dir/log and
@@ -47,6 +48,8 @@ install_node_packages() {
     "runc=${RUNC_DEB_VERSION}"
     "containernetworking-plugins=${CNI_PLUGINS_DEB_VERSION}"
     "busybox-static=${BUSYBOX_DEB_VERSION}"
+    "mmdebstrap=${MMDEBSTRAP_DEB_VERSION}"
+    "buildah=${BUILDAH_DEB_VERSION}"
   )
   local missing=() pkg
   for pkg in "${want[@]}"; do
@@ -55,4 +58,39 @@ install_node_packages() {
   (( ${#missing[@]} )) || return 0
   log "installing ${missing[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+}
+
+# The CNCF distribution registry from its Go module: the local registry on
+# loopback that the real node pulls the project's images from.
+build_registry() {
+  local out="$bin_dir/registry-${DISTRIBUTION_VERSION}"
+  [[ -x "$out" ]] && return 0
+  log "building registry ${DISTRIBUTION_VERSION} from github.com/distribution/distribution/v3"
+  local tmp
+  tmp="$(mktemp -d "$bin_dir/.registry-build.XXXXXX")"
+  GOBIN="$tmp" go install -ldflags "-s -w" \
+    "github.com/distribution/distribution/v3/cmd/registry@${DISTRIBUTION_VERSION}"
+  mv "$tmp/registry" "$out"
+  rmdir "$tmp"
+}
+
+# The images' base, in place of python:3.11-slim (no registry to pull it
+# from): mmdebstrap's "essential" bookworm (no apt, no init) plus Debian's
+# python3.11, its venv module and the `python` name the Dockerfiles call;
+# docs, man pages and locales left out. A root filesystem tarball; the
+# harness turns it into an image in the slot's own buildah storage.
+build_base_rootfs() {
+  local out="$bin_dir/base-python3.11_${PYTHON_DEB_VERSION//[^A-Za-z0-9._-]/-}.tar"
+  [[ -s "$out" ]] && return 0
+  log "building the python3.11 base root filesystem with mmdebstrap"
+  local exclude=() d
+  for d in doc man locale info; do exclude+=("--dpkgopt=path-exclude=/usr/share/$d/*"); done
+  # stdin closed: mmdebstrap reads sources from a stdin that is not a tty.
+  SOURCE_DATE_EPOCH=0 mmdebstrap --quiet --variant=essential --format=tar \
+    --include="python3.11=${PYTHON_DEB_VERSION},python3.11-venv=${PYTHON_DEB_VERSION},python-is-python3,ca-certificates" \
+    "${exclude[@]}" bookworm "$out.tmp" \
+    "deb http://deb.debian.org/debian bookworm main" \
+    "deb http://deb.debian.org/debian bookworm-updates main" \
+    "deb http://deb.debian.org/debian-security bookworm-security main" </dev/null >&2
+  mv "$out.tmp" "$out"
 }

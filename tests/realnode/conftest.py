@@ -17,6 +17,12 @@ import pytest
 
 from e2e.cluster import Cluster
 from e2e.realnode import RealNode, real_node_down, real_node_up
+from e2e.realnode.imagebuild import PushedImage, base_rootfs, operator_image
+from e2e.realnode.node import realnode_bin_dir
+from e2e.realnode.registry import ImagesPaths, registry_up
+
+# The install tests' Helm release (cleaned up even when a test fails), reused as is.
+from tests.integration.install.conftest import release  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +33,25 @@ def real_node(cluster: Cluster) -> Iterator[RealNode]:
     finally:
         if not os.environ.get("TORCHFLEX_KEEP_CLUSTER"):
             real_node_down(cluster.layout.root, cluster)
+
+
+@pytest.fixture(scope="session")
+def registry_address(cluster: Cluster, real_node: RealNode) -> str:
+    """The slot's local registry on loopback, known to the node's containerd
+    (stopped with the real node, by ``real_node_down``)."""
+    return registry_up(realnode_bin_dir(), ImagesPaths.of(cluster.layout.root), real_node.paths)
+
+
+@pytest.fixture(scope="session")
+def operator_pushed(cluster: Cluster, registry_address: str) -> PushedImage:
+    """docker/operator.Dockerfile built by buildah on the Debian base, pushed there."""
+    image = operator_image(
+        ImagesPaths.of(cluster.layout.root), base_rootfs(realnode_bin_dir()), registry_address
+    )
+    print(
+        f"operator image {image.reference}: {image.local_size} stored, "
+        f"{image.pushed_bytes / 1e6:.1f} MB pushed; base import {image.base_s:.1f}s, "
+        f"build {image.build_s:.1f}s, "
+        f"push {image.push_s:.1f}s"
+    )
+    return image

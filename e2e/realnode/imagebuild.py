@@ -1,0 +1,157 @@
+"""Build the project's images with buildah and push them to the local registry (issue 16).
+
+Where it sits: used by ``tests/realnode`` (and anything that wants the
+operator image on a real node). Storage is the slot's own
+(``<cluster state dir>/images/buildah``, never ``/var/lib/containers``):
+
+1. The base image from the root filesystem ``build.sh --real-nodes`` made
+   with mmdebstrap (Debian's python3.11): ``buildah from scratch`` + ``add``
+   + ``commit`` as ``torchflex.local/python:3.11-<deb version>``, once per
+   storage.
+2. ``docker/operator.Dockerfile`` unchanged, with ``--build-arg
+   PYTHON_IMAGE=<that base>`` (upstream builds keep ``python:3.11-slim``)
+   and its own ``.dockerignore``; ``--layers`` keeps the pip layer cached.
+   ``RUN`` steps use the host's network, pip config and CA bundle (pip
+   reaches the package index the way ``make venv`` does); nothing of that
+   is a test's traffic.
+3. ``buildah push`` over plain HTTP to ``127.0.0.1:<port>``, tagged by the
+   image ID so a pod's ``IfNotPresent`` pull is never stale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from e2e.realnode import registry
+from e2e.realnode.registry import ImagesPaths
+from e2e.toolchain.versions import VERSIONS
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_REPOSITORY = "torchflex-operator"
+BASE_IMAGE = "torchflex.local/python:3.11-" + re.sub(
+    r"[^A-Za-z0-9_.-]", "-", VERSIONS["PYTHON_DEB_VERSION"]
+)
+
+
+class ImageBuildError(RuntimeError):
+    """A buildah step failed; the message has its output tail."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PushedImage:
+    """An image in the local registry, and what it cost."""
+
+    address: str  # the registry's host:port
+    repository: str  # in the registry, e.g. torchflex-operator
+    tag: str
+    local_size: str  # uncompressed, as ``buildah images`` rounds it ("342 MB")
+    pushed_bytes: int  # config + compressed layers, what a pull transfers
+    base_s: float  # importing the base into the storage (0 when it was there)
+    build_s: float
+    push_s: float
+
+    @property
+    def reference(self) -> str:
+        return f"{self.address}/{self.repository}:{self.tag}"
+
+
+def base_rootfs(bin_dir: Path) -> Path:
+    """Where ``build.sh --real-nodes`` wrote the mmdebstrap root filesystem."""
+    version = re.sub(r"[^A-Za-z0-9._-]", "-", VERSIONS["PYTHON_DEB_VERSION"])
+    return bin_dir / f"base-python3.11_{version}.tar"
+
+
+def _buildah(
+    images: ImagesPaths, *args: str, timeout_s: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    argv = [
+        "buildah", "--root", str(images.buildah_root), "--runroot", str(images.buildah_runroot),
+        "--storage-driver", "overlay", *args,
+    ]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    if check and out.returncode != 0:
+        tail = "\n".join((out.stdout + out.stderr).splitlines()[-30:])
+        raise ImageBuildError(f"buildah {' '.join(args)}: exit {out.returncode}\n{tail}")
+    return out
+
+
+def base_image(images: ImagesPaths, rootfs: Path) -> str:
+    """The python3.11 base in the slot's storage (imported once)."""
+    if _buildah(images, "inspect", "--type", "image", BASE_IMAGE, check=False).returncode == 0:
+        return BASE_IMAGE
+    ctr = _buildah(images, "from", "--pull=never", "scratch").stdout.strip()
+    try:
+        _buildah(images, "add", ctr, str(rootfs), "/")  # a local tarball is extracted
+        _buildah(
+            images, "config", "--env", "LANG=C.UTF-8",
+            "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "--cmd", "python3", ctr,
+        )  # fmt: skip
+        _buildah(images, "commit", ctr, BASE_IMAGE)
+    finally:
+        _buildah(images, "rm", ctr, check=False)
+    return BASE_IMAGE
+
+
+def _host_trust() -> list[str]:
+    """Volumes (read-only, RUN steps only: never in a layer) that give pip in
+    the build the host's pip config and CA bundle. This machine reaches the
+    package index through a TLS-inspecting proxy whose CA only the host's
+    bundle has; Debian's bundle in the base image fails with
+    CERTIFICATE_VERIFY_FAILED."""
+    return [
+        f"--volume={path}:{path}:ro"
+        for path in (Path("/etc/pip.conf"), Path("/etc/ssl/certs/ca-certificates.crt"))
+        if path.is_file()
+    ]
+
+
+def _local_size(images: ImagesPaths, image_id: str) -> str:
+    listed = json.loads(_buildah(images, "images", "--json").stdout or "[]")
+    for entry in listed:
+        short = str(entry.get("id", ""))
+        if short and image_id.startswith(short):
+            return str(entry["size"])
+    raise ImageBuildError(f"image {image_id} not in buildah's list")
+
+
+def operator_image(images: ImagesPaths, rootfs: Path, address: str) -> PushedImage:
+    """Build ``docker/operator.Dockerfile`` on the local base and push it."""
+    t0 = time.monotonic()
+    base = base_image(images, rootfs)
+    base_s = time.monotonic() - t0
+    iid = images.root / "operator.iid"
+    t0 = time.monotonic()
+    _buildah(
+        images, "bud", "--layers", "--force-rm", "--pull=never",
+        "--network", "host", *_host_trust(), "--build-arg", f"PYTHON_IMAGE={base}",
+        "--ignorefile", str(REPO / "docker" / "operator.Dockerfile.dockerignore"),
+        "--iidfile", str(iid), "-f", str(REPO / "docker" / "operator.Dockerfile"),
+        "-t", f"torchflex.local/{OPERATOR_REPOSITORY}:build", str(REPO),
+        timeout_s=900,
+    )  # fmt: skip
+    build_s = time.monotonic() - t0
+    image_id = iid.read_text().strip().removeprefix("sha256:")
+    tag = f"local-{image_id[:12]}"
+    t0 = time.monotonic()
+    _buildah(
+        images, "push", "--quiet", "--format", "oci", "--tls-verify=false", image_id,
+        f"docker://{address}/{OPERATOR_REPOSITORY}:{tag}",
+        timeout_s=300,
+    )  # fmt: skip
+    push_s = time.monotonic() - t0
+    return PushedImage(
+        address=address,
+        repository=OPERATOR_REPOSITORY,
+        tag=tag,
+        local_size=_local_size(images, image_id),
+        pushed_bytes=registry.pushed_size(address, OPERATOR_REPOSITORY, tag),
+        base_s=base_s,
+        build_s=build_s,
+        push_s=push_s,
+    )

@@ -1,0 +1,116 @@
+"""``helm install`` with the operator image built here, pulled for real (issue 16).
+
+The image is ``docker/operator.Dockerfile`` built by buildah on the Debian
+base (mmdebstrap + python3.11) and pushed to the local registry on loopback;
+the chart names it by ``image.repository``/``image.tag`` only, so the real
+node's containerd pulls it over HTTP like any registry image. The operator
+runs in its container as the chart says: uid 65532, read-only root
+filesystem, all capabilities dropped; it reaches the API server through the
+harness bridge (``KUBERNETES_SERVICE_HOST``: there is no kube-proxy for the
+``kubernetes`` Service ClusterIP; docs/real-nodes.md).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from typing import Any
+
+from e2e.cluster import Cluster
+from e2e.cluster.layout import GATEWAY_IP
+from e2e.realnode import RealNode
+from e2e.realnode.imagebuild import PushedImage
+from e2e.realnode.plan import NODE_LABEL
+from tests.integration.install.release import TEST_OPERATOR, Release
+from tests.support import wait_for
+
+PULLED = re.compile(r"Successfully pulled image \"([^\"]+)\" in ([0-9.]+m?s)")
+
+
+def _values(cluster: Cluster, image: PushedImage) -> dict[str, Any]:
+    api_port = str(cluster.info["ports"]["apiserver"])
+    return {
+        "image": {
+            "repository": f"{image.address}/{image.repository}",
+            "tag": image.tag,
+            "pullPolicy": "IfNotPresent",
+        },
+        "nodeSelector": {NODE_LABEL: "true"},
+        "leaderElection": {"enabled": True},
+        "operator": {
+            **TEST_OPERATOR,
+            # No kube-proxy: the API server itself, on the harness bridge (its certificate
+            # names that address), stands in for the kubernetes Service's ClusterIP.
+            "extraEnv": [
+                {"name": "KUBERNETES_SERVICE_HOST", "value": GATEWAY_IP},
+                {"name": "KUBERNETES_SERVICE_PORT", "value": api_port},
+            ],
+        },
+    }
+
+
+def _metrics(pod_ip: str, port: int) -> str:
+    # The pod's address is on the harness's own bridge; no proxy may take the request.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://{pod_ip}:{port}/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def test_helm_install_pulls_the_operator_image_and_runs_it_non_root_read_only(
+    cluster: Cluster,
+    real_node: RealNode,
+    operator_pushed: PushedImage,
+    release: Release,
+) -> None:
+    release.install(_values(cluster, operator_pushed))
+    (pod,) = release.wait_running(1, timeout_s=180)
+    name = pod["metadata"]["name"]
+    wait_for(
+        lambda: any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in release.running_pods()[0]["status"].get("conditions", [])
+        ),
+        120,
+        "the operator pod Ready (its readiness probe answered)",
+    )
+    pod = cluster.get_json("pod", name, "-n", release.namespace)
+    assert pod["spec"]["nodeName"] == real_node.name
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["containerID"].startswith("containerd://")
+    assert status["image"] == operator_pushed.reference
+    # Pulled from the registry: containerd records the repository digest it resolved.
+    assert status["imageID"].startswith(f"{operator_pushed.address}/torchflex-operator@sha256:")
+
+    events = cluster.get_json(
+        "events", "-n", release.namespace, "--field-selector", f"involvedObject.name={name}"
+    )
+    pulled = [PULLED.search(e.get("message", "")) for e in events["items"]]
+    pulls = [m for m in pulled if m]
+    assert pulls and pulls[0].group(1) == operator_pushed.reference, events["items"]
+    print(f"kubelet pull of {pulls[0].group(1)}: {pulls[0].group(2)}")
+
+    def sh(script: str) -> tuple[int, str]:
+        out = cluster.kubectl(
+            "exec", name, "-n", release.namespace, "--", "sh", "-c", script, check=False
+        )
+        return out.returncode, out.stdout + out.stderr
+
+    rc, ident = sh("id -u; id -g")
+    assert (rc, ident.split()) == (0, ["65532", "65532"]), ident
+    rc, touched = sh("touch /opt/torchflex/probe")
+    assert rc != 0 and "Read-only file system" in touched, touched
+    rc, tmp = sh("touch /tmp/probe && echo writable")  # the chart's emptyDir /tmp
+    assert (rc, tmp.strip()) == (0, "writable"), tmp
+
+    # Active through the Lease: the chart's POD_ID is the holder identity.
+    def holder() -> str:
+        out = cluster.kubectl(
+            "get", "lease", release.fullname, "-n", release.namespace,
+            "-o", "jsonpath={.spec.holderIdentity}", check=False,
+        )  # fmt: skip
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    wait_for(lambda: holder() == name, 60, f"the Lease {release.fullname} held by {name}")
+    metrics = _metrics(pod["status"]["podIP"], 8080)
+    assert "torchflex_" in metrics, metrics[:500]
+    release.helm("uninstall", release.name, "--wait", "--timeout", "120s")
