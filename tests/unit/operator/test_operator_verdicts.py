@@ -247,9 +247,7 @@ def test_a_pod_seen_in_a_newer_round_is_not_the_lost_member(
     replacement = worker(2, uid="uid-new", created=NOW - dt.timedelta(seconds=30))
     reports = {wn(0): lost_by(3, wn(2))}
     seen = {wn(2): NOW}  # the verdict was first seen after the replacement was created
-    lost = fencing.lost_members(
-        [replacement], reports, frozenset({wn(2)}), seen, rounds_seen
-    )
+    lost = fencing.lost_members([replacement], reports, frozenset({wn(2)}), seen, rounds_seen)
     assert [m.pod.uid for m in lost] == (["uid-new"] if fenced else [])
     status = {**RUNNING, "lostVerdicts": [{"pod": wn(2), "round": 3, "since": ago(0)}]}
     obs = observed(
