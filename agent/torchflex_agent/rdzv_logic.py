@@ -19,7 +19,11 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchflex_agent.errors import StoreProtocolError
+from torchflex_agent.errors import (
+    JobFailedError,
+    RendezvousClosedError,
+    StoreProtocolError,
+)
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import RestartReason
 
@@ -155,6 +159,36 @@ class StaleMark:
             return cls(RestartReason(data["reason"]), str(data["by"]), str(data.get("detail", "")))
         except (ValueError, KeyError, TypeError) as exc:
             raise StoreProtocolError(f"malformed stale mark {raw!r}: {exc}") from exc
+
+
+def decode_job_closure(raw: bytes | None) -> tuple[str, str] | None:
+    """The job's ``job-closed`` key as (outcome, message), None if absent."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        return str(data["outcome"]), str(data.get("message", ""))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StoreProtocolError(f"malformed job closure: {exc}") from exc
+
+
+def raise_for_job_closure(closure: tuple[str, str] | None) -> None:
+    """Raise the error a closed job means to a joiner: failed or otherwise over."""
+    if closure is None:
+        return
+    outcome, message = closure
+    if outcome == "failed":
+        raise JobFailedError(message or "the job failed on another node")
+    raise RendezvousClosedError(f"rendezvous closed: job {outcome}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundView:
+    """The keys a joiner decides on, read together (one request, ``Rendezvous._view``)."""
+
+    job_closed: bytes | None
+    closed: bytes | None
+    stale: bytes | None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,6 @@ so a re-formed group keeps its warm rank 0), the rest wait for r+1.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
@@ -35,8 +34,6 @@ import uuid
 from collections.abc import Callable
 
 from torchflex_agent.errors import (
-    JobFailedError,
-    RendezvousClosedError,
     RendezvousError,
     RendezvousTimeoutError,
     StoreProtocolError,
@@ -51,15 +48,18 @@ from torchflex_agent.rdzv_logic import (
     NodeDescriptor,
     RendezvousResult,
     RendezvousSettings,
+    RoundView,
     StaleMark,
     Standing,
     arrival_role,
     close_decision,
+    decode_job_closure,
     decode_lost,
     decode_membership,
     encode_lost,
     encode_membership,
     parse_counter,
+    raise_for_job_closure,
     rank_order,
     standing,
     waiter_marks_stale,
@@ -104,34 +104,6 @@ def _restart_count(raw: bytes | None) -> int:
         raise StoreProtocolError(f"malformed restart counter {raw!r}") from exc
 
 
-def _decode_closure(raw: bytes | None) -> tuple[str, str] | None:
-    if raw is None:
-        return None
-    try:
-        data = json.loads(raw)
-        return str(data["outcome"]), str(data.get("message", ""))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise StoreProtocolError(f"malformed job closure: {exc}") from exc
-
-
-def _raise_closure(closure: tuple[str, str] | None) -> None:
-    if closure is None:
-        return
-    outcome, message = closure
-    if outcome == "failed":
-        raise JobFailedError(message or "the job failed on another node")
-    raise RendezvousClosedError(f"rendezvous closed: job {outcome}")
-
-
-@dataclasses.dataclass(frozen=True)
-class _RoundView:
-    """The keys a joiner decides on, read together (one request, see ``_view``)."""
-
-    job_closed: bytes | None
-    closed: bytes | None
-    stale: bytes | None
-
-
 class Rendezvous:
     """One node's view of a job's rendezvous, over one store connection.
 
@@ -172,7 +144,7 @@ class Rendezvous:
 
     def job_closure(self) -> tuple[str, str] | None:
         """(outcome, message) if the job's rendezvous is closed."""
-        return _decode_closure(self._store.get(self.keys.key(JOB_CLOSED)))
+        return decode_job_closure(self._store.get(self.keys.key(JOB_CLOSED)))
 
     def restarts(self) -> int:
         return _restart_count(self._store.get(self.keys.key(RESTARTS)))
@@ -233,7 +205,7 @@ class Rendezvous:
         self._store.compare_set(self.keys.key(JOB_CLOSED), None, value.encode())
 
     def _raise_if_job_closed(self) -> None:
-        _raise_closure(self.job_closure())
+        raise_for_job_closure(self.job_closure())
 
     def _view_keys(self, round_no: int) -> list[str]:
         return [
@@ -242,10 +214,10 @@ class Rendezvous:
             round_key(self.keys, round_no, STALE),
         ]
 
-    def _view(self, round_no: int) -> _RoundView:
+    def _view(self, round_no: int) -> RoundView:
         """The job closure, the round's membership and its stale mark, in one read."""
         job, closed, stale = self._store.get_many(self._view_keys(round_no))
-        return _RoundView(job, closed, stale)
+        return RoundView(job, closed, stale)
 
     # -- round state ----------------------------------------------------
 
@@ -374,7 +346,7 @@ class Rendezvous:
             # One read, as if the job closure, the stale mark and the
             # membership were read one after the other at the same instant.
             view = self._view(round_no)
-            _raise_closure(_decode_closure(view.job_closed))
+            raise_for_job_closure(decode_job_closure(view.job_closed))
             if view.stale is not None:
                 StaleMark.decode(view.stale)  # a malformed mark still raises, as before
                 round_no = self._advance(round_no)
@@ -395,7 +367,7 @@ class Rendezvous:
         deadline: float,
         stop: threading.Event | None,
         joined: bool,
-        view: _RoundView | None = None,
+        view: RoundView | None = None,
     ) -> None:
         """Raise if stopped, the job closed or the deadline passed; ``view``: a fresh read."""
         if stop is not None and stop.is_set():
@@ -407,7 +379,7 @@ class Rendezvous:
         if view is None:
             self._raise_if_job_closed()
         else:
-            _raise_closure(_decode_closure(view.job_closed))
+            raise_for_job_closure(decode_job_closure(view.job_closed))
         if self._clock() >= deadline:
             arrivals = self._store.tickets(round_key(self.keys, round_no, ARRIVALS))
             if joined:
@@ -527,7 +499,7 @@ class Rendezvous:
             )
         return RendezvousResult(round=round_no, node_rank=ranks[0], nodes=nodes)
 
-    def _try_close(self, round_no: int, count: int) -> _RoundView | None:
+    def _try_close(self, round_no: int, count: int) -> RoundView | None:
         """Close the round with the first ``count`` arrivals (one writer wins).
 
         Returns the round's view if it was closed already (nothing written),
@@ -540,7 +512,7 @@ class Rendezvous:
         *raws, job, closed, stale = self._store.get_many([*node_keys, *self._view_keys(round_no)])
         if closed is not None:
             log.debug("round %d: closed already", round_no)
-            return _RoundView(job, closed, stale)
+            return RoundView(job, closed, stale)
         missing = [key for key, raw in zip(node_keys, raws, strict=True) if raw is None]
         if missing:
             if self._store.wait(missing, _DESCRIPTOR_WAIT):

@@ -22,14 +22,16 @@ import base64
 import random
 import re
 import time
+import urllib.parse
 import uuid
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import etcd3gw
 from etcd3gw import exceptions as etcd_exc
 
 from torchflex_agent.errors import StoreUnavailableError
+from torchflex_agent.etcd_http import GatewayConnection, GatewayError, RevisionCompactedError
 
 _MAX_ADD_ATTEMPTS = 200
 _ADD_BACKOFF_S = 0.002
@@ -105,9 +107,9 @@ class EtcdKVStore:
         self._endpoints = list(endpoints)
         self._timeout = request_timeout
         self._tls = tls
-        self._client = self._connect()
+        self._client, self._http = self._connect()
 
-    def _connect(self) -> etcd3gw.Etcd3Client:
+    def _connect(self) -> tuple[etcd3gw.Etcd3Client, GatewayConnection]:
         causes = []
         for protocol, host, port in self._endpoints:
             kwargs: dict[str, Any] = {}
@@ -125,14 +127,18 @@ class EtcdKVStore:
             except (etcd_exc.Etcd3Exception, OSError) as exc:
                 causes.append(f"{protocol}://{host}:{port}: {etcd_cause(exc)}")
                 continue
-            return client
+            api_path = urllib.parse.urlsplit(client.get_url("")).path
+            http = GatewayConnection(
+                protocol, host, port, api_path, timeout=self._timeout, tls=self._tls
+            )
+            return client, http
         raise StoreUnavailableError(f"no etcd endpoint reachable: {'; '.join(causes)}")
 
     def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:
-            return cast(dict[str, Any], self._client.post(self._client.get_url(path), json=payload))
-        except (etcd_exc.Etcd3Exception, OSError) as exc:
-            raise StoreUnavailableError(f"etcd {path}: {etcd_cause(exc)}") from exc
+            return self._http.post(path, payload)
+        except GatewayError as exc:
+            raise StoreUnavailableError(f"etcd {path}: {exc}") from exc
 
     def _range(self, key: str) -> tuple[bytes | None, int, int]:
         """(value, mod_revision, header revision) of ``key``."""
@@ -249,14 +255,11 @@ class EtcdKVStore:
         # small reply; reading all N keys made N joiners parse N^2 entries).
         request = {**_prefix_range(prefix), "revision": revision, "count_only": True}
         try:
-            return int(self._client.post(self._client.get_url("/kv/range"), json=request)["count"])
-        except etcd_exc.Etcd3Exception as exc:
-            if "compacted" not in str(getattr(exc, "detail_text", "") or ""):
-                raise StoreUnavailableError(
-                    f"etcd count under {prefix}: {etcd_cause(exc)}"
-                ) from exc
-        except (OSError, KeyError, ValueError, TypeError) as exc:
-            raise StoreUnavailableError(f"etcd count under {prefix}: {exc!r}") from exc
+            return int(self._http.post("/kv/range", request).get("count", 0))
+        except RevisionCompactedError:
+            pass
+        except GatewayError as exc:
+            raise StoreUnavailableError(f"etcd count under {prefix}: {exc}") from exc
         # Our revision was compacted away meanwhile: etcd's reply ``count``
         # ignores revision filters, so read the keys (no values) and count
         # those created up to our put ourselves.
@@ -307,6 +310,7 @@ class EtcdKVStore:
         return EtcdKVStore(self._endpoints, self._timeout, self._tls)
 
     def close(self) -> None:
+        self._http.close()
         self._client.session.close()
 
 
