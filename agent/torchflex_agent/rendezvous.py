@@ -479,8 +479,13 @@ class Rendezvous:
             if decision.close:
                 if arrivals < self.settings.max_nodes:  # full stays full: no re-read
                     arrivals = self._store.tickets(round_key(self.keys, round_no, ARRIVALS))
-                closed_view = self._try_close(round_no, min(arrivals, self.settings.max_nodes))
-                view = closed_view or self._view(round_no)
+                # Closed since our last read (by the closer, usually)? A small
+                # read first: N joiners each reading all N descriptors of a
+                # round that is closed already is O(N^2) for the store.
+                view = self._view(round_no)
+                if view.closed is None:
+                    count = min(arrivals, self.settings.max_nodes)
+                    view = self._try_close(round_no, count) or self._view(round_no)
                 continue
             self._store.wait([closed_key], min(decision.wait, self._store.wait_slice))
             view = self._view(round_no)
