@@ -293,16 +293,11 @@ class EtcdKVStore:
             if left <= 0:
                 return False
             first, last = min(missing), max(missing)
+            end = None if first == last else last + "\0"
             try:
-                self._client.watch_once(
-                    first,
-                    timeout=left,
-                    start_revision=revision + 1,
-                    range_end=None if first == last else last + "\0",
-                )
-            except etcd_exc.WatchTimedOut:
-                return False
-            except (etcd_exc.Etcd3Exception, OSError) as exc:
+                if not self._http.watch_once(first, end, revision + 1, left):
+                    return False
+            except GatewayError as exc:
                 raise StoreUnavailableError(f"etcd watch {first}: {exc}") from exc
         return True
 
