@@ -2,7 +2,8 @@
 
 Where it sits: an alternative to the TCPStore backend for clusters that
 already run etcd (or where the store must survive restarts: etcd persists,
-a TCPStore pod does not). Uses ``etcd3gw`` (HTTP/JSON, no grpc wheels).
+a TCPStore pod does not). HTTP/JSON, no grpc wheels: ``etcd3gw`` finds a
+reachable endpoint, ``etcd_http`` carries the requests and watches.
 ``compare_set`` is one transaction, ``take_ticket`` one put of a key of
 the taker's own and a count at its revision (its number is its rank by
 revision: no contention, which is what makes a 64-agent rendezvous fast),
@@ -90,9 +91,9 @@ def _unb64(text: str) -> bytes:
 class EtcdKVStore:
     """A client of one etcd endpoint (the first reachable one of a list)."""
 
-    # Each wait opens a watch stream (etcd3gw: an HTTP request and a reader
-    # thread); 64 joiners re-waiting every 0.5 s took 5 s to rendezvous,
-    # with 2 s slices 1.7 s (benchmarks.rendezvous).
+    # Each wait opens a watch stream (an HTTP request of its own); 64
+    # joiners re-waiting every 0.5 s took 5 s to rendezvous, with 2 s slices
+    # 1.7 s (benchmarks.rendezvous, with etcd3gw's costlier watcher).
     wait_slice = 2.0
 
     def __init__(
