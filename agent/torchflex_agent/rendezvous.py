@@ -89,6 +89,10 @@ log = logging.getLogger(__name__)
 # How long the closer waits for a counted joiner to publish its descriptor
 # (it does so right after taking its ticket; missing means it died in between).
 _DESCRIPTOR_WAIT = 3.0
+# How long a joiner that finds the round full waits for its last arrival (the
+# closer, which closes at once) before closing it itself: the most a closer
+# that died between its ticket and its close delays the round.
+_CLOSER_GRACE = 2.0
 _MAX_ROUND_HOPS = 10_000
 _LOST_CAS_ATTEMPTS = 16
 
@@ -457,6 +461,7 @@ class Rendezvous:
             self._try_close(round_no, self.settings.max_nodes)
         closed_key = round_key(self.keys, round_no, CLOSED)
         min_reached_at: float | None = None
+        deferred = False
         fallback = max(2 * self.settings.last_call, self._store.wait_slice)
         # Each pass reads the job closure, membership and stale mark at once:
         # after a wait that one read serves the deadline check, the loop's
@@ -479,6 +484,14 @@ class Rendezvous:
             if decision.close:
                 if arrivals < self.settings.max_nodes:  # full stays full: no re-read
                     arrivals = self._store.tickets(round_key(self.keys, round_no, ARRIVALS))
+                elif not deferred and arrival_role(index, self.settings.max_nodes) is not (
+                    ArrivalRole.CLOSER
+                ):
+                    # Full: its last arrival closes it at once. Give it a grace
+                    # before racing it, or all N joiners read all N descriptors
+                    # (O(N^2): 1,024 agents overloaded etcd and the c10d store).
+                    deferred = True
+                    self._store.wait([closed_key], _CLOSER_GRACE)
                 # Closed since our last read (by the closer, usually)? A small
                 # read first: N joiners each reading all N descriptors of a
                 # round that is closed already is O(N^2) for the store.
