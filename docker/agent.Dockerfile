@@ -22,24 +22,35 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/torchflex
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+# Dependencies before the sources, so a code change rebuilds from the COPY of the sources
+# on (seconds). The venv holds torch alone (GBs with a CUDA build; from its own index with
+# its exact pin), in a layer keyed by constraints.txt only, so the final stage's copy of it
+# stays cached too; the agent extra's other requirements (read from pyproject.toml) and then
+# the project go to /opt/torchflex-app, which the venv sees through a .pth file.
+COPY constraints.txt ./
+RUN /opt/torchflex/bin/pip install -c constraints.txt --index-url "${TORCH_INDEX_URL}" torch \
+    && /opt/torchflex/bin/python -c 'import pathlib, site; pathlib.Path(site.getsitepackages()[0], "torchflex-app.pth").write_text("/opt/torchflex-app\n")'
+COPY pyproject.toml ./
+RUN /opt/torchflex/bin/python -c 'import re, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(r for r in p["dependencies"] + p["optional-dependencies"]["agent"] if re.split(r"[^A-Za-z0-9._-]", r)[0] != "torch"))' >/tmp/requirements.txt \
+    && /opt/torchflex/bin/pip install -c constraints.txt --target /opt/torchflex-app -r /tmp/requirements.txt
+COPY README.md ./
 COPY contract/ contract/
 COPY operator/ operator/
 COPY agent/ agent/
-# torch first from its own index (exact pin from constraints.txt), then the agent extra.
-RUN /opt/torchflex/bin/pip install -c constraints.txt --index-url "${TORCH_INDEX_URL}" torch \
-    && /opt/torchflex/bin/pip install -c constraints.txt ".[agent]" \
-    && /opt/torchflex/bin/torchflex-agent --help >/dev/null
+# --upgrade: --target skips a top-level directory that exists (bin/, from the requirements).
+RUN /opt/torchflex/bin/pip install -c constraints.txt --no-deps --upgrade --target /opt/torchflex-app ".[agent]" \
+    && PATH=/opt/torchflex-app/bin:$PATH torchflex-agent --help >/dev/null
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="torchflex-agent" \
       org.opencontainers.image.description="torch + torchflex-agent: base image for ElasticJob training images" \
       org.opencontainers.image.source="https://github.com/torchflex/torchflex" \
       org.opencontainers.image.licenses="Apache-2.0"
-ENV PATH=/opt/torchflex/bin:$PATH \
+ENV PATH=/opt/torchflex-app/bin:/opt/torchflex/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HOME=/workspace
 COPY --from=build /opt/torchflex /opt/torchflex
+COPY --from=build /opt/torchflex-app /opt/torchflex-app
 WORKDIR /workspace
 # The example job (examples/elasticjob-*.yaml) runs this script from the image.
 RUN chown 65532:65532 /workspace

@@ -8,9 +8,10 @@ operator image on a real node). Storage is the slot's own
    with mmdebstrap (Debian's python3.11): ``buildah from scratch`` + ``add``
    + ``commit`` as ``torchflex.local/python:3.11-<deb version>``, once per
    storage.
-2. ``docker/operator.Dockerfile`` unchanged, with ``--build-arg
-   PYTHON_IMAGE=<that base>`` (upstream builds keep ``python:3.11-slim``)
-   and its own ``.dockerignore``; ``--layers`` keeps the pip layer cached.
+2. ``docker/operator.Dockerfile`` and ``docker/agent.Dockerfile`` (torch from
+   PyPI, ``build_agent_image``), with ``--build-arg PYTHON_IMAGE=<that base>``
+   (upstream builds keep ``python:3.11-slim``) and their own ``.dockerignore``;
+   ``--layers`` keeps the pip layers cached.
    ``RUN`` steps use the host's network, pip config and CA bundle (pip
    reaches the package index the way ``make venv`` does); nothing of that
    is a test's traffic.
@@ -33,6 +34,9 @@ from e2e.toolchain.versions import VERSIONS
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_REPOSITORY = "torchflex-operator"
+AGENT_REPOSITORY = "torchflex-agent"
+# torch from PyPI, the CUDA build: the agent Dockerfile's default (CPU wheels) is unreachable here.
+PYPI_SIMPLE = "https://pypi.org/simple"
 BASE_IMAGE = "torchflex.local/python:3.11-" + re.sub(
     r"[^A-Za-z0-9_.-]", "-", VERSIONS["PYTHON_DEB_VERSION"]
 )
@@ -120,38 +124,79 @@ def _local_size(images: ImagesPaths, image_id: str) -> str:
     raise ImageBuildError(f"image {image_id} not in buildah's list")
 
 
-def operator_image(images: ImagesPaths, rootfs: Path, address: str) -> PushedImage:
-    """Build ``docker/operator.Dockerfile`` on the local base and push it."""
+def _build_and_push(
+    images: ImagesPaths,
+    rootfs: Path,
+    address: str,
+    *,
+    name: str,
+    build_args: tuple[str, ...] = (),
+    compress: bool = True,
+    timeout_s: float = 900,
+) -> PushedImage:
+    """``docker/<name>.Dockerfile`` built on the local base, pushed as
+    ``<address>/torchflex-<name>:local-<image ID>``."""
+    repository = {"operator": OPERATOR_REPOSITORY, "agent": AGENT_REPOSITORY}[name]
     t0 = time.monotonic()
     base = base_image(images, rootfs)
     base_s = time.monotonic() - t0
-    iid = images.root / "operator.iid"
+    iid = images.root / f"{name}.iid"
+    build_argv = [arg for value in build_args for arg in ("--build-arg", value)]
     t0 = time.monotonic()
     _buildah(
         images, "bud", "--layers", "--force-rm", "--pull=never",
-        "--network", "host", *_host_trust(), "--build-arg", f"PYTHON_IMAGE={base}",
-        "--ignorefile", str(REPO / "docker" / "operator.Dockerfile.dockerignore"),
-        "--iidfile", str(iid), "-f", str(REPO / "docker" / "operator.Dockerfile"),
-        "-t", f"torchflex.local/{OPERATOR_REPOSITORY}:build", str(REPO),
-        timeout_s=900,
+        "--network", "host", *_host_trust(), "--build-arg", f"PYTHON_IMAGE={base}", *build_argv,
+        "--ignorefile", str(REPO / "docker" / f"{name}.Dockerfile.dockerignore"),
+        "--iidfile", str(iid), "-f", str(REPO / "docker" / f"{name}.Dockerfile"),
+        "-t", f"torchflex.local/{repository}:build", str(REPO),
+        timeout_s=timeout_s,
     )  # fmt: skip
     build_s = time.monotonic() - t0
     image_id = iid.read_text().strip().removeprefix("sha256:")
     tag = f"local-{image_id[:12]}"
     t0 = time.monotonic()
     _buildah(
-        images, "push", "--quiet", "--format", "oci", "--tls-verify=false", image_id,
-        f"docker://{address}/{OPERATOR_REPOSITORY}:{tag}",
-        timeout_s=300,
+        images, "push", "--quiet", "--format", "oci", "--tls-verify=false",
+        *(() if compress else ("--disable-compression",)), image_id,
+        f"docker://{address}/{repository}:{tag}",
+        timeout_s=timeout_s,
     )  # fmt: skip
     push_s = time.monotonic() - t0
     return PushedImage(
         address=address,
-        repository=OPERATOR_REPOSITORY,
+        repository=repository,
         tag=tag,
         local_size=_local_size(images, image_id),
-        pushed_bytes=registry.pushed_size(address, OPERATOR_REPOSITORY, tag),
+        pushed_bytes=registry.pushed_size(address, repository, tag),
         base_s=base_s,
         build_s=build_s,
         push_s=push_s,
+    )
+
+
+def operator_image(images: ImagesPaths, rootfs: Path, address: str) -> PushedImage:
+    """Build ``docker/operator.Dockerfile`` on the local base and push it."""
+    return _build_and_push(images, rootfs, address, name="operator")
+
+
+def build_agent_image(
+    images: ImagesPaths, rootfs: Path, address: str, *, torch_index_url: str = PYPI_SIMPLE
+) -> PushedImage:
+    """Build ``docker/agent.Dockerfile`` on the local base and push it.
+
+    torch comes from ``torch_index_url`` (PyPI, the one index this machine
+    reaches: its torch is the CUDA build, GBs of ``nvidia-*`` wheels). The
+    Dockerfile installs it in a layer keyed by ``constraints.txt`` alone, so a
+    code change rebuilds and pushes only the small layers. Pushed without
+    compression: gzip of GBs costs minutes of this machine's two cores on push
+    and again on the kubelet's pull, for a transfer over loopback.
+    """
+    return _build_and_push(
+        images,
+        rootfs,
+        address,
+        name="agent",
+        build_args=(f"TORCH_INDEX_URL={torch_index_url}",),
+        compress=False,
+        timeout_s=3600,
     )
