@@ -6,16 +6,19 @@ export PATH := $(CURDIR)/.venv/bin:$(PATH)
 # Tests on the real control plane run as root (network namespaces, bridge).
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv toolchain lint test test-unit test-integration test-e2e test-real-nodes cluster cluster-down demo bench clean
+.PHONY: help venv toolchain real-node-toolchain lint test test-unit test-integration test-e2e test-real-nodes cluster cluster-down demo bench clean
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 20
 
 venv: ## create/reuse the virtualenv (cached in ~/.cache/torchflex) and link .venv
 	@bash scripts/venv.sh >/dev/null
 
 toolchain: ## build the pinned control-plane binaries (cached in ~/.cache/torchflex)
 	@bash e2e/toolchain/build.sh >/dev/null
+
+real-node-toolchain: ## also the real-node parts: kubelet, containerd/runc/CNI (apt), CoreDNS, registry, images' base
+	@bash e2e/toolchain/build.sh --real-nodes >/dev/null
 
 lint: venv ## ruff, mypy --strict, import-linter, chart/CRD drift checks
 	$(PY) -m ruff check .
@@ -33,11 +36,10 @@ test-integration: venv toolchain ## real processes, real API server, real etcd
 test-e2e: venv toolchain ## whole scenarios on the local control plane
 	$(PYTEST) tests/e2e
 
-test: lint venv toolchain ## every tier: lint, unit, integration, e2e
+test: lint venv toolchain real-node-toolchain ## every tier: lint, unit, integration, e2e, real nodes
 	$(PYTEST) tests
 
-test-real-nodes: venv ## opt-in: pods on a real kubelet + containerd node (not part of `make test`)
-	@bash e2e/toolchain/build.sh --real-nodes >/dev/null
+test-real-nodes: venv toolchain real-node-toolchain ## the real-node tier alone (tests/realnode; part of `make test`)
 	$(PYTEST) tests/realnode
 
 cluster: venv toolchain ## start (or reuse) the local control plane; prints the env to use it

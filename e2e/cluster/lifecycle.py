@@ -152,7 +152,7 @@ def ensure_up(root: Path | None = None, nodes: list[str] | None = None) -> Clust
 def tear_down(root: Path | None = None, remove_state: bool = True) -> None:
     """Stop our daemons by PID, remove pod namespaces, the bridge and state."""
     lay = Layout(root or state_dir())
-    # A real node (e2e.realnode, opt-in) first: its daemons and mounts live in lay.root.
+    # A real node (e2e.realnode) first: its daemons and mounts live in lay.root.
     from e2e.realnode.node import real_node_down
 
     real_node_down(lay.root)

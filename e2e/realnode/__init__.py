@@ -5,8 +5,9 @@ plugin on the harness's own bridge, joined to a running ``e2e.cluster``.
 Rooms: ``plan`` (pure: names, addresses, paths and every config file's
 text), ``images`` (OCI image tarballs built here: pause, busybox),
 ``node`` (acts: certificates, daemons, image import, tear-down),
-``__main__`` (``python -m e2e.realnode up|down``). Opt-in: only
-``make test-real-nodes`` and ``python -m e2e.realnode`` start it;
+``__main__`` (``python -m e2e.realnode up|down``). Beside the process
+kubelet, never instead of it: ``tests/realnode`` (in ``make test``) and
+``python -m e2e.realnode`` start it;
 ``e2e.cluster``'s tear-down removes it (a no-op when none runs).
 """
 

@@ -11,7 +11,8 @@
 #   e2e/toolchain/build.sh --real-nodes  also the real-node flavor's parts
 #                                        (kubelet, pause, Debian containerd/runc/CNI,
 #                                        the local registry, the images' base rootfs);
-#                                        only `make test-real-nodes` asks for them
+#                                        `make test`, `make test-real-nodes` and
+#                                        `make demo NODES=real` ask for them
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -126,12 +127,15 @@ build_knp
 if (( real_nodes )); then
   # shellcheck source=realnode.sh
   source "$here/realnode.sh"
+  # apt and mmdebstrap wait on the network while the Go builds use the CPUs:
+  # run that chain beside them (cold, it is minutes of either).
+  (install_node_packages && build_base_rootfs) &
+  packages_pid=$!
   build_k8s kubelet
   build_pause
   build_coredns
-  install_node_packages
   build_registry
-  build_base_rootfs
+  wait "$packages_pid" || { log "Debian packages or the base root filesystem failed"; exit 1; }
 fi
 
 echo "$bin_dir"

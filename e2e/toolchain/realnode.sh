@@ -56,6 +56,17 @@ install_node_packages() {
     [[ "$(dpkg-query -W -f '${Version}' "${pkg%%=*}" 2>/dev/null)" == "${pkg#*=}" ]] || missing+=("$pkg")
   done
   (( ${#missing[@]} )) || return 0
+  # A fresh machine (CI) may have no package lists, or lists older than a pin:
+  # refresh them only then. `apt-cache show pkg=ver` exits 0 even for a
+  # version it lacks, so read madison's version column instead.
+  for pkg in "${missing[@]}"; do
+    if ! apt-cache madison "${pkg%%=*}" 2>/dev/null \
+        | awk -F ' [|] ' -v want="${pkg#*=}" '$2 == want { found = 1 } END { exit !found }'; then
+      log "refreshing apt's package lists (no ${pkg} in them)"
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+      break
+    fi
+  done
   log "installing ${missing[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 }

@@ -1,11 +1,12 @@
 """Fixtures of the real-node tier (issue 16): a kubelet with containerd,
 runc and the CNI bridge plugin, joined to the session's local cluster.
 
-Where it sits: only ``make test-real-nodes`` collects ``tests/realnode``
-(``norecursedirs`` keeps ``make test`` and a bare ``pytest`` out of it, so
-nothing here is ever skipped and counted as passed). The node is removed
-at the end of the session unless ``TORCHFLEX_KEEP_CLUSTER`` keeps the
-cluster, in which case a later session reuses both.
+Where it sits: a tier of ``make test`` (and so of CI), after its setup
+``build.sh --real-nodes`` (``make real-node-toolchain``); ``make
+test-real-nodes`` runs it alone. Nothing here is skipped when a part is
+missing: a test fails. The node is removed at the end of the session
+unless ``TORCHFLEX_KEEP_CLUSTER`` keeps the cluster, in which case a later
+session reuses both.
 """
 
 from __future__ import annotations
