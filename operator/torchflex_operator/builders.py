@@ -27,12 +27,14 @@ from torchflex_operator.manifests import (
     trainer_container,
 )
 from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec
+from torchflex_operator.spec import JobSpec, SharedMemory
 from torchflex_operator.vocabulary import GangScheduling
 
 GPU_RESOURCE = "nvidia.com/gpu"
 _WRAPPED = ("torchflex-agent", "torchrun")
 _TLS_VOLUME = "torchflex-rdzv-tls"
+_SHM_VOLUME = "torchflex-shm"
+SHM_PATH = "/dev/shm"
 _NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
@@ -50,6 +52,10 @@ def template_hash(job: JobSpec) -> str:
         "maxRestarts": job.max_restarts,
         "rendezvous": dataclasses.asdict(job.rendezvous),
     }
+    # Only a non-default value is hashed: a job created before spec.sharedMemory
+    # existed keeps its hash, so an operator upgrade rolls none of its pods.
+    if job.shared_memory != SharedMemory():
+        baked["sharedMemory"] = dataclasses.asdict(job.shared_memory)
     raw = json.dumps(baked, sort_keys=True, default=str).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -132,6 +138,30 @@ def _node_loss_tolerations(pod_spec: Manifest, seconds: int) -> None:
     pod_spec["tolerations"] = tolerations
 
 
+def _mount_volume(
+    pod_spec: Manifest, container: Manifest, volume: Manifest, mount: Manifest
+) -> None:
+    container["volumeMounts"] = [*(container.get("volumeMounts") or []), mount]
+    pod_spec["volumes"] = [*(pod_spec.get("volumes") or []), volume]
+
+
+def _shared_memory(job: JobSpec, pod_spec: Manifest, container: Manifest) -> None:
+    """A memory-backed /dev/shm: a container runtime's default is 64 MiB, where
+    DataLoader workers passing batches through shared memory die with a bus
+    error. A template that mounts its own /dev/shm keeps it."""
+    shm = job.shared_memory
+    if not shm.enabled or any(
+        m.get("mountPath", "").rstrip("/") == SHM_PATH for m in container.get("volumeMounts") or []
+    ):
+        return
+    _mount_volume(
+        pod_spec,
+        container,
+        {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm.size_limit}},
+        {"name": _SHM_VOLUME, "mountPath": SHM_PATH},
+    )
+
+
 def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
     template = copy.deepcopy(dict(job.template))
     meta = dict(template.get("metadata") or {})
@@ -145,14 +175,13 @@ def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
     container["env"] = contract_env(job, index, container) + user_env
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     if job.rendezvous.tls_secret_name:
-        mounts = list(container.get("volumeMounts") or [])
-        mounts.append({"name": _TLS_VOLUME, "mountPath": env.RDZV_TLS_MOUNT, "readOnly": True})
-        container["volumeMounts"] = mounts
-        volumes = list(pod_spec.get("volumes") or [])
-        volumes.append(
-            {"name": _TLS_VOLUME, "secret": {"secretName": job.rendezvous.tls_secret_name}}
+        _mount_volume(
+            pod_spec,
+            container,
+            {"name": _TLS_VOLUME, "secret": {"secretName": job.rendezvous.tls_secret_name}},
+            {"name": _TLS_VOLUME, "mountPath": env.RDZV_TLS_MOUNT, "readOnly": True},
         )
-        pod_spec["volumes"] = volumes
+    _shared_memory(job, pod_spec, container)
     pod_spec["restartPolicy"] = "Never"  # the agent restarts workers; a pod exit is final
     # The agent never calls the API: no token unless the template asks for one.
     pod_spec.setdefault("automountServiceAccountToken", False)

@@ -25,6 +25,7 @@ DEFAULT_MAX_RESTARTS = env.DEFAULT_MAX_RESTARTS
 DEFAULT_MIN_AVAILABLE_TIMEOUT_S = 600
 DEFAULT_JOIN_TIMEOUT_S = int(env.DEFAULT_JOIN_TIMEOUT_S)
 DEFAULT_LAST_CALL_S = env.DEFAULT_LAST_CALL_S
+DEFAULT_SHM_SIZE_LIMIT = "1Gi"
 
 
 class CleanPodPolicy(enum.StrEnum):
@@ -41,6 +42,14 @@ class Rendezvous:
     join_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S
     last_call_s: float = DEFAULT_LAST_CALL_S
     managed_etcd: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedMemory:
+    """``spec.sharedMemory``: the memory-backed ``/dev/shm`` of the trainer container."""
+
+    enabled: bool = True
+    size_limit: str = DEFAULT_SHM_SIZE_LIMIT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +74,7 @@ class JobSpec:
     deleting: bool = False
     network_policy: bool = True
     """``spec.networkPolicy.enabled``: the operator keeps a NetworkPolicy isolating the job."""
+    shared_memory: SharedMemory = SharedMemory()
 
     @property
     def desired(self) -> int:
@@ -101,6 +111,7 @@ class JobSpec:
             )
             ttl = spec.get("ttlSecondsAfterFinished")
             deadline = spec.get("activeDeadlineSeconds")
+            shm_raw = spec.get("sharedMemory") or {}
             job = cls(
                 name=str(meta["name"]),
                 namespace=str(meta.get("namespace", "default")),
@@ -123,6 +134,10 @@ class JobSpec:
                 generation=int(meta.get("generation", 0)),
                 deleting=bool(meta.get("deletionTimestamp")),
                 network_policy=bool((spec.get("networkPolicy") or {}).get("enabled", True)),
+                shared_memory=SharedMemory(
+                    enabled=bool(shm_raw.get("enabled", True)),
+                    size_limit=str(shm_raw.get("sizeLimit", DEFAULT_SHM_SIZE_LIMIT)),
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc

@@ -67,6 +67,8 @@ READS: dict[str, tuple[Getter, object, dict[str, object]]] = {
     "suspend": (lambda j: j.suspend, True, {}),
     "cleanPodPolicy": (lambda j: j.clean_pod_policy, "All", {}),
     "networkPolicy.enabled": (lambda j: j.network_policy, False, {}),
+    "sharedMemory.enabled": (lambda j: j.shared_memory.enabled, False, {}),
+    "sharedMemory.sizeLimit": (lambda j: j.shared_memory.size_limit, "8Gi", {}),
 }
 
 
