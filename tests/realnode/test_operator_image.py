@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 
 from e2e.cluster import Cluster
-from e2e.cluster.layout import GATEWAY_IP
 from e2e.realnode import RealNode
+from e2e.realnode.chartvalues import cluster_values
 from e2e.realnode.imagebuild import PushedImage
-from e2e.realnode.plan import NODE_LABEL
 from tests.integration.install.release import FORBIDDEN, TEST_OPERATOR, Release
 from tests.support import wait_for
 
@@ -30,25 +29,18 @@ PULLED = re.compile(r"Successfully pulled image \"[^\"]+\" in [0-9.]+m?s")
 
 
 def _values(cluster: Cluster, image: PushedImage, watch: dict[str, Any]) -> dict[str, Any]:
-    api_port = str(cluster.info["ports"]["apiserver"])
+    # The real node and the API server's address on the harness bridge (no kube-proxy).
+    here = cluster_values(cluster)
     return {
+        **here,
         "watch": watch,
         "image": {
             "repository": f"{image.address}/{image.repository}",
             "tag": image.tag,
             "pullPolicy": "IfNotPresent",
         },
-        "nodeSelector": {NODE_LABEL: "true"},
         "leaderElection": {"enabled": True},
-        "operator": {
-            **TEST_OPERATOR,
-            # No kube-proxy: the API server itself, on the harness bridge (its certificate
-            # names that address), stands in for the kubernetes Service's ClusterIP.
-            "extraEnv": [
-                {"name": "KUBERNETES_SERVICE_HOST", "value": GATEWAY_IP},
-                {"name": "KUBERNETES_SERVICE_PORT", "value": api_port},
-            ],
-        },
+        "operator": {**TEST_OPERATOR, **here["operator"]},
     }
 
 
