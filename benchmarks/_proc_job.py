@@ -92,6 +92,8 @@ class ProcJob:
     ckpt_every: int = 10
     sigterm_hook: bool = True
     agent_args: Sequence[str] = ()
+    script: str = EXAMPLE
+    """The training script (same CLI as the example's); goodput's state launcher changes it."""
     run_id: str = dataclasses.field(init=False, default_factory=_run_id)
     port: int = dataclasses.field(init=False, default_factory=free_port)
     store: Lines | None = dataclasses.field(init=False, default=None)
@@ -117,7 +119,7 @@ class ProcJob:
 
     def _script(self) -> list[str]:
         return [
-            EXAMPLE, "--steps", "1000000", "--step-time", str(self.step_time),
+            self.script, "--steps", "1000000", "--step-time", str(self.step_time),
             "--ckpt-dir", str(self.ckpt), "--ckpt-every", str(self.ckpt_every),
         ]  # fmt: skip
 

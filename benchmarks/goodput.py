@@ -9,9 +9,11 @@ each launcher in turn, in one run:
 
 * ``torchflex``: ``torchflex-agent`` (defaults) with a ``torchflex-agent
   store`` process, the script unchanged;
-* ``torchflex-state``: the opt-in state API of issue 18 (part 2). Not built
-  yet: its row says so and nothing runs. To fill the slot, give its
-  :class:`Launcher` a ProcJob flavor and the script that adopts the API;
+* ``torchflex-state``: ``torchflex-agent`` (defaults) running
+  ``examples/train_stateful.py``, the same training adopting the opt-in state
+  API of issue 18 (part 2): each step's state kept in the agent's memory,
+  a re-formed group resumes from it instead of the last checkpoint (which it
+  still writes every 10 steps, as the unchanged script does);
 * ``torchrun-tuned`` / ``torchrun-default``: stock torchrun, c10d rendezvous,
   the settings of ``benchmarks.recovery`` (``_proc_job.TORCHRUN_CONF``).
 
@@ -50,7 +52,7 @@ from pathlib import Path
 from benchmarks import _goodput_report as rep
 from benchmarks._chaos import FAULTS, KILL, REPLACE, ChaosEvent, chaos_schedule
 from benchmarks._goodput_stats import account, job_timeline, progress_curve, step_rate
-from benchmarks._proc_job import Flavor, Lines, ProcJob, signal_tree
+from benchmarks._proc_job import EXAMPLE, REPO, Flavor, Lines, ProcJob, signal_tree
 from benchmarks.cli import Bench, BenchCli, positive_float, positive_int
 
 
@@ -61,13 +63,15 @@ class Launcher:
     name: str
     flavor: str | None
     why: str = ""
+    script: str = EXAMPLE
+
+
+STATEFUL = str(REPO / "examples" / "train_stateful.py")
 
 
 LAUNCHERS = {
     "torchflex": Launcher("torchflex", "torchflex"),
-    "torchflex-state": Launcher(
-        "torchflex-state", None, "the opt-in state API (issue 18, part 2) does not exist yet"
-    ),
+    "torchflex-state": Launcher("torchflex-state", "torchflex", script=STATEFUL),
     "torchrun-tuned": Launcher("torchrun-tuned", "torchrun-tuned"),
     "torchrun-default": Launcher("torchrun-default", "torchrun-default"),
 }
@@ -168,10 +172,11 @@ class Chaos:
 
 
 def run_launcher(
-    flavor: Flavor, cfg: Config, seed: int, events: Sequence[ChaosEvent], workdir: Path
+    launcher: Launcher, cfg: Config, seed: int, events: Sequence[ChaosEvent], workdir: Path
 ) -> rep.Run:
-    run = rep.Run(flavor.name, seed)
-    job = ProcJob(flavor, workdir, nnodes=cfg.nnodes)
+    assert launcher.flavor is not None
+    run = rep.Run(launcher.name, seed)
+    job = ProcJob(Flavor(launcher.flavor), workdir, nnodes=cfg.nnodes, script=launcher.script)
     try:
         if not job.start_training(cfg.nodes, _WARM_STEPS, _START_TIMEOUT):
             run.problems.append(f"the {cfg.nodes}-node job did not start training")
@@ -201,7 +206,9 @@ def run_launcher(
 def _describe(cfg: Config, seeds: Sequence[int]) -> str:
     return f"""The job: {cfg.nodes} nodes (`--nnodes {cfg.nnodes}`), one worker each
 (`examples/train_elastic.py --print-time` unchanged: gloo on CPU, a step every 100 ms,
-a checkpoint every 10 steps and, by rank 0, on a peer's loss), all on 127.0.0.1. Per
+a checkpoint every 10 steps and, by rank 0, on a peer's loss; `torchflex-state` runs
+`examples/train_stateful.py`, the same training adopting the state API: every step
+kept in the agent's memory, a checkpoint every 10 steps), all on 127.0.0.1. Per
 launcher and seed ({", ".join(map(str, seeds))}): start, wait until every node trains at
 {cfg.nodes}, measure the no-failure step rate for {cfg.baseline:.0f} s (*ideal* rate), then
 {cfg.duration:.0f} s of chaos: every {cfg.every:.0f} s one node's launcher and every process
@@ -250,11 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tf-goodput-") as tmp:
         for seed in seeds:
             for name in launchers:
-                flavor = LAUNCHERS[name].flavor
-                if flavor is None:
+                launcher = LAUNCHERS[name]
+                if launcher.flavor is None:
                     print(f"[goodput] {name}: {rep.NOT_BUILT}", file=sys.stderr, flush=True)
                     continue
-                run = run_launcher(Flavor(flavor), cfg, seed, schedules[seed],
+                run = run_launcher(launcher, cfg, seed, schedules[seed],
                                    Path(tmp) / f"{name}-{seed}")  # fmt: skip
                 runs.append(run)
                 print(f"[goodput] {name} seed {seed}: {run.as_json()}", file=sys.stderr,

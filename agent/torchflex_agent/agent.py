@@ -58,6 +58,8 @@ from torchflex_agent.rdzv_logic import (
     expected_next,
 )
 from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
+from torchflex_agent.state_shm import create_dir as create_state_dir
+from torchflex_agent.state_shm import remove_dir as remove_state_dir
 from torchflex_agent.supervise import (
     STORE_LOST_STOP_GRACE_S,
     AgentExitError,
@@ -127,6 +129,8 @@ class ElasticAgent:
         )
         self._presence: PresenceServer | None = None
         self._fork: ForkServer | None = None
+        self._state_dir: Path | None = None
+        """The state API's in-memory copies (``state_shm``): the agent's for its whole life."""
         self._restarts_seen = 0
         """Highest job-wide restart count seen: republished if the store forgot it."""
         self._prev_rank = -1
@@ -198,6 +202,10 @@ class ElasticAgent:
             self._presence = PresenceServer()
         except OSError as exc:
             log.warning("no presence server (peers fall back to heartbeats): %s", exc)
+        try:
+            self._state_dir = create_state_dir()
+        except OSError as exc:
+            log.warning("no in-memory state folder (the state API keeps no copies): %s", exc)
         self._ensure_fork_server()
 
     def _ensure_fork_server(self) -> None:
@@ -237,6 +245,8 @@ class ElasticAgent:
             self._fork.close()
         if self._presence is not None:
             self._presence.close()
+        if self._state_dir is not None:
+            remove_state_dir(self._state_dir)
 
     def _descriptor(self) -> NodeDescriptor:
         """Our descriptor for the next round, with a fresh master store listening on its port."""
@@ -397,7 +407,12 @@ class ElasticAgent:
         monitor = RoundMonitor(rdzv, result, self._liveness, self._wake, lease=self._lease)
         monitor.start()  # grants this round's lease before any worker starts
         ctx = LaunchContext(
-            self.config.run_id, restarts, self.config.max_restarts, self._nproc, self._error_dir
+            self.config.run_id,
+            restarts,
+            self.config.max_restarts,
+            self._nproc,
+            self._error_dir,
+            self._state_dir,
         )
         self._ensure_fork_server()
         env = {**self._environ, **self._lease.worker_env(result.round)}

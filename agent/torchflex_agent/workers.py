@@ -72,6 +72,8 @@ class LaunchContext:
     max_restarts: int
     nproc: int
     error_dir: Path
+    state_dir: Path | None = None
+    """The agent's in-memory folder for the state API's copies (``state_shm``)."""
 
 
 def worker_env(
@@ -102,6 +104,8 @@ def worker_env(
             tfenv.PROGRESS_FILE: str(progress_file(ctx.error_dir)),
         }
     )
+    if ctx.state_dir is not None:
+        env[tfenv.STATE_DIR] = str(ctx.state_dir)
     return env
 
 

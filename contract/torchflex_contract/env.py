@@ -71,6 +71,10 @@ path as torch's ``TORCHELASTIC_ERROR_FILE``, so ``@record`` scripts land there t
 PROGRESS_FILE: Final = "TORCHFLEX_PROGRESS_FILE"
 """Where the ``LOCAL_RANK`` 0 worker reports training progress
 (``torchflex_agent.progress``): one file per agent, replaced atomically."""
+STATE_DIR: Final = "TORCHFLEX_STATE_DIR"
+"""The agent's in-memory folder (``/dev/shm``) where workers using the opt-in state API
+(``torchflex_agent.state``) keep a fenced copy of their last completed step; one per
+agent, kept across rounds, removed when the agent exits."""
 
 DEFAULT_HEARTBEAT_INTERVAL_S: Final = 0.2
 DEFAULT_LIVENESS_TIMEOUT_S: Final = 1.5

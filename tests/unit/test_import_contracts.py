@@ -28,6 +28,8 @@ PURE_OPERATOR = "operator's pure layer (planner, spec, status, ...) does no I/O"
 API_CLIENT = "only kube talks to the API"
 PURE_AGENT = "agent's pure decisions spawn, signal and connect nothing"
 STORE_KEYS = "only the rendezvous reads and writes rendezvous keys"
+AGENT_NO_STATE = "the agent never imports the state API's torch side"
+STATE_NO_TORCH = "the state API's copies and decisions import no torch"
 
 
 @functools.cache
@@ -61,7 +63,8 @@ def _kept(name: str, added: tuple[str, str] | None = None) -> bool:
 
 
 def test_the_contracts_named_here_are_in_pyproject() -> None:
-    assert {PURE_OPERATOR, API_CLIENT, PURE_AGENT, STORE_KEYS} <= set(_names())
+    named = {PURE_OPERATOR, API_CLIENT, PURE_AGENT, STORE_KEYS, AGENT_NO_STATE, STATE_NO_TORCH}
+    assert named <= set(_names())
 
 
 @pytest.mark.parametrize("name", _names())
@@ -87,6 +90,10 @@ def test_every_contract_is_kept_by_the_tree(name: str) -> None:
         (PURE_AGENT, "torchflex_agent.endpoints", "torchflex_agent.store_tcp"),
         (STORE_KEYS, "torchflex_agent.liveness", "torchflex_contract.store_keys"),
         (STORE_KEYS, "torchflex_agent.supervise", "torchflex_contract.store_keys"),
+        # The agent reaches the state API's copies only through state_shm (issue 18).
+        (AGENT_NO_STATE, "torchflex_agent.agent", "torchflex_agent.state"),
+        (STATE_NO_TORCH, "torchflex_agent.fence", "torch"),
+        (PURE_AGENT, "torchflex_agent.state_logic", "time"),
     ],
 )
 def test_each_contract_breaks_on_the_import_it_forbids(

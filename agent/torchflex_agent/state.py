@@ -1,0 +1,179 @@
+"""The opt-in state API: resume from the last completed step, from memory, after a loss.
+
+Where it sits: imported by training scripts only (``examples/train_stateful.py``),
+never by the agent process (it imports torch). It keeps each step's state in
+the agent's in-memory folder through ``state_shm`` and decides whose copy to
+resume from with ``state_logic``. In a script::
+
+    from torchflex_agent.state import TrainState
+
+    state = TrainState(model=model, optimizer=opt)   # anything with state_dict()
+    got = state.restore()          # collective, after init_process_group
+    start = got.step if got else 0 # None: nobody holds a copy (load disk, or fresh)
+    for step in range(start + 1, total + 1):
+        ...                        # forward, backward, optimizer step
+        state.commit(step, loop={"epoch": epoch})   # after each completed step
+
+``commit`` serializes the registered objects' ``state_dict()`` (a copy, not
+a view of the live tensors) and writes it with its fenced key
+``(incarnation, round, step)`` over this node's copy in ``/dev/shm``, outside
+the worker process: when a member is lost and the agent restarts the workers,
+the new workers find it there. ``restore`` (every rank, right after
+``init_process_group``) gathers each rank's copy key, picks the newest usable
+one (``state_logic.choose_source``: a stale member's copy is never used), and
+either lets every rank load its own (all hold that key: no transfer) or
+broadcasts it from its holder (a replacement or new member holds nothing).
+No disk is read. Without ``torchflex-agent`` (no ``TORCHFLEX_STATE_DIR``)
+``commit`` keeps nothing and ``restore`` returns None: the script runs as before.
+
+State is *replicated* here (DDP: every rank holds the same model and
+optimizer after a step), so any survivor's copy is the group's state and a
+copy on a peer would add nothing the survivors lack. Sharded state
+(FSDP, ZeRO) would need each shard's copy on a second node too; see
+docs/agent.md (the state API) for what is and is not built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from torchflex_agent.state_logic import CopyMeta, Source, choose_source
+from torchflex_agent.state_shm import CopyStore
+
+log = logging.getLogger(__name__)
+
+
+class Stateful(Protocol):
+    """What ``TrainState`` registers: a module, an optimizer, an LR scheduler, a sampler..."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state_dict: Any, /) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """What ``restore`` resumed from: the registered objects already hold it."""
+
+    step: int
+    loop: dict[str, Any]
+    meta: CopyMeta
+    broadcast: bool
+    """True when the state came from another rank (``meta.rank``'s copy, sent by ``source``)."""
+    source: int
+
+
+class TrainState:
+    """Registered training state, copied to the agent's memory after every completed step."""
+
+    def __init__(self, *, environ: Mapping[str, str] | None = None, **objects: Stateful) -> None:
+        if not objects:
+            raise ValueError("register at least one object with state_dict()/load_state_dict()")
+        self._objects = dict(objects)
+        self._store = CopyStore(environ)
+        self.refused = 0
+        """Commits the fence (or a newer copy) refused: this member is no longer in its group."""
+
+    @property
+    def objects(self) -> dict[str, Stateful]:
+        """The registered objects by name (e.g. to save the same state to disk)."""
+        return dict(self._objects)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether copies are kept (the script runs under ``torchflex-agent``)."""
+        return self._store.enabled
+
+    def commit(self, step: int, loop: Mapping[str, Any] | None = None) -> bool:
+        """Keep the state after ``step`` (call once the step completed); False if refused."""
+        if not self._store.enabled:
+            return False
+        fenced = self._store.fence_check()
+        meta = CopyMeta(fenced.incarnation, fenced.round, step, _rank(), _world())
+        buf = io.BytesIO()
+        payload = {
+            "step": step,
+            "loop": dict(loop or {}),
+            "objects": {name: obj.state_dict() for name, obj in self._objects.items()},
+        }
+        torch.save(payload, buf)
+        why = self._store.write(meta, buf.getvalue())
+        if why is not None:
+            self.refused += 1
+            log.warning("state copy of step %d refused: %s", step, why)
+            return False
+        return True
+
+    def restore(self) -> Restored | None:
+        """Load the group's newest usable copy into the registered objects (collective)."""
+        mine = self._store.read_meta()
+        current = self._store.fence_check().incarnation
+        copies: list[CopyMeta | None] = [mine]
+        if dist.is_available() and dist.is_initialized():
+            gathered: list[CopyMeta | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+            copies = gathered
+        source = choose_source(copies, current)
+        if source is None:
+            return None
+        data = self._payload(source)
+        if data is None:
+            return None
+        payload = torch.load(io.BytesIO(data), weights_only=True)
+        for name, obj in self._objects.items():
+            obj.load_state_dict(payload["objects"][name])
+        return Restored(
+            int(payload["step"]), dict(payload["loop"]), source.meta, source.broadcast, source.rank
+        )
+
+    def _payload(self, source: Source) -> bytes | None:
+        if not source.broadcast:
+            got = self._store.read()
+            # Every rank saw the same keys a moment ago; a copy that changed since
+            # (nothing writes during restore) would be a bug, so say so loudly.
+            if got is None or got[0].key != source.meta.key:
+                raise RuntimeError(f"state copy changed during restore (expected {source.meta})")
+            return got[1]
+        return _broadcast_bytes(self._store, source)
+
+
+def _broadcast_bytes(store: CopyStore, source: Source) -> bytes:
+    """The source rank's copy, sent to every rank (a length, then the bytes)."""
+    device = _collective_device()
+    if _rank() == source.rank:
+        got = store.read()
+        if got is None or got[0].key != source.meta.key:
+            raise RuntimeError(f"state copy changed during restore (expected {source.meta})")
+        data = got[1]
+        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    else:
+        data = b""
+        size = torch.zeros(1, dtype=torch.int64, device=device)
+    dist.broadcast(size, src=source.rank)
+    if _rank() == source.rank:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=source.rank)
+    return data if _rank() == source.rank else bytes(buf.cpu().numpy().tobytes())
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

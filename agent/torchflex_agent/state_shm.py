@@ -1,0 +1,160 @@
+"""Where the state API's in-memory copies live: a folder in ``/dev/shm`` owned by the agent.
+
+Where it sits: the agent (``agent``) creates one folder at start-up with
+:func:`create_dir`, names it in every worker's env (``env.STATE_DIR``, through
+``workers.LaunchContext``), and removes it when it exits; the worker-side API
+(``state``) writes and reads copies through :class:`CopyStore`. Stdlib only,
+no torch: the agent imports this module, never ``state``.
+
+Why a tmpfs file and not the worker's own memory: a copy must outlive the
+worker (SIGKILLed by the agent on every re-form, or dead with a peer in a
+collective) and be readable by the next round's worker without touching disk.
+``/dev/shm`` is memory; in a pod it is the pod's own and goes with it. The
+file is written by the worker, but the folder is the agent's: it exists for
+the agent's whole life, across rounds, and the agent removes it. A folder
+left by an agent that was SIGKILLed on this host is removed by the next agent
+that starts here (:func:`sweep_dead`: its name carries the dead agent's PID).
+
+One copy per local worker (``copy-<LOCAL_RANK>``): a node keeps its local
+ranks across rounds while global ranks change. A write is one temp file
+renamed over the copy (a reader sees the old or the new copy, never half),
+checked against the fence (``fence.check``) before and right before the
+rename, and never over a copy with a newer key (``state_logic.may_write``).
+No fsync: nothing reads a copy after a reboot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from torchflex_agent import fence
+from torchflex_agent.state_logic import CopyMeta, may_write
+from torchflex_contract import env as tfenv
+
+log = logging.getLogger(__name__)
+
+SHM_ROOT = Path("/dev/shm")
+_PREFIX = "torchflex-state-"
+_MAX_HEADER_BYTES = 4096
+
+
+def create_dir(root: Path | None = None) -> Path:
+    """The agent's folder for its workers' copies: in ``/dev/shm`` when the host has one
+    (else the temp folder: still correct, only no longer memory-backed)."""
+    base = root if root is not None else (SHM_ROOT if SHM_ROOT.is_dir() else None)
+    if base is not None:
+        sweep_dead(base)
+    return Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base))
+
+
+def remove_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
+
+def sweep_dead(root: Path) -> list[Path]:
+    """Remove folders of agents that died without removing theirs (SIGKILL); returns them."""
+    removed: list[Path] = []
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            name = entry.name
+            if not name.startswith(_PREFIX):
+                continue
+            pid_text = name[len(_PREFIX) :].split("-", 1)[0]
+            if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+                continue
+            remove_dir(entry)
+            removed.append(entry)
+    return removed
+
+
+class CopyStore:
+    """One worker's view of its agent's folder (``env.STATE_DIR``); absent: no copies kept."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self._environ = environ
+        folder = env.get(tfenv.STATE_DIR, "")
+        self.directory = Path(folder) if folder else None
+        self.local_rank = int(env.get("LOCAL_RANK", "0") or "0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.directory is not None
+
+    @property
+    def path(self) -> Path | None:
+        return None if self.directory is None else self.directory / f"copy-{self.local_rank}"
+
+    def fence_check(self) -> fence.FenceCheck:
+        return fence.check(self._environ)
+
+    def read_meta(self) -> CopyMeta | None:
+        """This worker's node copy's key, or None (none yet, or unreadable)."""
+        path = self.path
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                return CopyMeta.from_header(f.readline(_MAX_HEADER_BYTES))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("unreadable state copy %s: %s", path, exc)
+            return None
+
+    def read(self) -> tuple[CopyMeta, bytes] | None:
+        """The copy's key and payload, or None."""
+        path = self.path
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                meta = CopyMeta.from_header(f.readline(_MAX_HEADER_BYTES))
+                return meta, f.read()
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("unreadable state copy %s: %s", path, exc)
+            return None
+
+    def write(self, meta: CopyMeta, payload: bytes) -> str | None:
+        """Replace the copy; None when it landed, else why it was refused."""
+        path = self.path
+        if path is None:
+            return "no state folder (not run by torchflex-agent)"
+        first = self.fence_check()
+        if not first.verdict.may_write:
+            return f"fenced ({first.verdict.value})"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(meta.header())
+                f.write(payload)
+            # Checked again at the commit point: serializing may have outlasted the lease.
+            now = self.fence_check()
+            if not now.verdict.may_write:
+                return f"fenced ({now.verdict.value})"
+            current = self.read_meta()
+            if not may_write(current, meta):
+                return f"the copy held is newer ({current})"
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return None

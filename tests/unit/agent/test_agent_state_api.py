@@ -1,0 +1,182 @@
+"""The state API's pure decisions and its copy files (issue 18, part 2).
+
+Which copy a re-formed group resumes from (``state_logic.choose_source``:
+the fenced key, stale members' copies never used), when a copy may be
+replaced, the header codec; the copy folder's fenced writes with a real lease
+file (``state_shm.CopyStore``) and the agent's folder sweep; and one
+``TrainState`` commit/restore round trip in a single process (real torch, no
+process group). The multi-process behaviour (SIGKILL, freeze, broadcast) is
+``tests/integration/agent/test_state_api.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from torchflex_agent.fence import Lease
+from torchflex_agent.state_logic import CopyMeta, choose_source, may_write, usable_incarnation
+from torchflex_agent.state_shm import CopyStore, create_dir, sweep_dead
+from torchflex_contract import env as tfenv
+
+
+def c(round_no: int, step: int, inc: str = "A") -> CopyMeta:
+    return CopyMeta(inc, round_no, step)
+
+
+@pytest.mark.parametrize(
+    ("copies", "current", "rank", "broadcast"),
+    [
+        # Everyone holds the same key: each loads its own, nothing is sent.
+        ([c(3, 40), c(3, 40), c(3, 40)], "A", 0, False),
+        # A survivor one step ahead (its peer died before committing): the newest step wins.
+        ([c(3, 40), c(3, 41)], "A", 1, True),
+        # A replacement holds nothing: broadcast from the first holder.
+        ([None, c(3, 40), c(3, 40)], "A", 1, True),
+        # A member lost in round 3 and back holds a higher step than it should never
+        # reach; the group that replaced it trained in round 4: round first, never its copy.
+        ([c(3, 45), c(4, 41), c(4, 41)], "A", 1, True),
+        # Rounds compare only within an incarnation: the current one's copies win.
+        ([c(9, 90, "OLD"), c(2, 30, "A")], "A", 1, True),
+        # The store restarted (new incarnation, nobody wrote since): the only old numbering.
+        ([c(7, 70, "OLD"), c(7, 70, "OLD")], "NEW", 0, False),
+    ],
+)
+def test_choose_source(
+    copies: list[CopyMeta | None], current: str, rank: int, broadcast: bool
+) -> None:
+    got = choose_source(copies, current)
+    assert got is not None
+    assert (got.rank, got.broadcast) == (rank, broadcast)
+    assert got.meta == copies[rank]
+    assert rank in got.holders(copies)
+
+
+@pytest.mark.parametrize(
+    "copies",
+    [
+        [],
+        [None, None],
+        # Two old numberings that cannot be ordered against each other: use neither.
+        [c(5, 50, "X"), c(6, 60, "Y")],
+    ],
+)
+def test_no_usable_copy(copies: list[CopyMeta | None]) -> None:
+    assert choose_source(copies, "NEW") is None
+
+
+def test_usable_incarnation() -> None:
+    assert usable_incarnation([c(1, 1, "A"), c(1, 1, "B")], "B") == "B"
+    assert usable_incarnation([c(1, 1, "A"), None], "B") == "A"
+    assert usable_incarnation([None], "B") is None
+
+
+@pytest.mark.parametrize(
+    ("current", "new", "allowed"),
+    [
+        (None, c(0, 1), True),
+        (c(2, 10), c(2, 11), True),
+        (c(2, 10), c(2, 10), True),
+        (c(2, 10), c(2, 9), False),  # never back within a round
+        (c(3, 5), c(2, 50), False),  # never an older round, even at a higher step
+        (c(2, 50), c(3, 5), True),
+        (c(9, 90, "OLD"), c(0, 1, "NEW"), True),  # a new store numbering
+    ],
+)
+def test_may_write(current: CopyMeta | None, new: CopyMeta, allowed: bool) -> None:
+    assert may_write(current, new) is allowed
+
+
+def test_header_round_trip_and_garbage() -> None:
+    meta = CopyMeta("inc", 4, 17, rank=2, world=3)
+    assert CopyMeta.from_header(meta.header()) == meta
+    for bad in (b"", b"{}\n", b"\xff\xfe\n", b'{"magic": "torchflex-state-v1"}\n', b"[1]\n"):
+        with pytest.raises(ValueError, match="state copy header"):
+            CopyMeta.from_header(bad)
+
+
+def _env(folder: Path, lease: Path, round_no: int, local_rank: int = 0) -> dict[str, str]:
+    return {
+        tfenv.STATE_DIR: str(folder),
+        tfenv.FENCE_FILE: str(lease),
+        tfenv.ROUND: str(round_no),
+        "LOCAL_RANK": str(local_rank),
+    }
+
+
+def test_copy_writes_are_fenced_and_only_move_forward(tmp_path: Path) -> None:
+    lease = Lease(tmp_path / "lease", duration=30.0)
+    lease.grant(3, "inc", time.monotonic())
+    store = CopyStore(_env(tmp_path, lease.path, 3))
+    assert store.write(CopyMeta("inc", 3, 10), b"ten") is None
+    assert store.read() == (CopyMeta("inc", 3, 10), b"ten")
+    refused = store.write(CopyMeta("inc", 3, 9), b"nine")
+    assert refused is not None and "newer" in refused
+    # The agent revokes the lease (declared lost, fenced): nothing more lands.
+    lease.revoke()
+    refused = store.write(CopyMeta("inc", 3, 11), b"eleven")
+    assert refused == "fenced (revoked)"
+    # The agent moved on to round 4: a round-3 worker is out of date.
+    lease.grant(4, "inc", time.monotonic())
+    assert store.write(CopyMeta("inc", 3, 11), b"eleven") == "fenced (other-round)"
+    assert store.read() == (CopyMeta("inc", 3, 10), b"ten")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy-0", "lease"]  # no temp left
+
+
+def test_copies_are_per_local_rank_and_absent_without_the_agent(tmp_path: Path) -> None:
+    lease = Lease(tmp_path / "lease", duration=30.0)
+    lease.grant(0, "inc", time.monotonic())
+    one = CopyStore(_env(tmp_path, lease.path, 0, local_rank=1))
+    assert one.write(CopyMeta("inc", 0, 1), b"x") is None
+    assert CopyStore(_env(tmp_path, lease.path, 0, local_rank=0)).read_meta() is None
+    bare = CopyStore({})
+    assert not bare.enabled and bare.read() is None
+    assert bare.write(CopyMeta("", -1, 1), b"x") is not None
+
+
+def test_sweep_removes_only_dead_agents_folders(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    gone = tmp_path / f"torchflex-state-{int(dead.stdout)}-abc"
+    live = tmp_path / f"torchflex-state-{os.getpid()}-def"
+    other = tmp_path / "something-else"
+    for d in (gone, live, other):
+        d.mkdir()
+    assert sweep_dead(tmp_path) == [gone]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+    mine = create_dir(tmp_path)
+    assert mine.name.startswith(f"torchflex-state-{os.getpid()}-") and mine.is_dir()
+
+
+def test_train_state_round_trip_in_one_process(tmp_path: Path) -> None:
+    import torch  # only here: the rest of this module is torch-free
+
+    from torchflex_agent.state import TrainState
+
+    lease = Lease(tmp_path / "lease", duration=30.0)
+    lease.grant(1, "inc", time.monotonic())
+    env = _env(tmp_path, lease.path, 1)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    state = TrainState(model=model, opt=opt, environ=env)
+    assert state.commit(7, loop={"epoch": 2})
+    kept = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # the step in flight, lost with the worker
+    again = TrainState(model=model, opt=opt, environ=env)
+    got = again.restore()
+    assert got is not None
+    assert (got.step, got.loop, got.broadcast) == (7, {"epoch": 2}, False)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, kept[k]), k
+    assert "momentum_buffer" in str(opt.state_dict()["state"])
+    lease.revoke()
+    assert not again.commit(8) and again.refused == 1
