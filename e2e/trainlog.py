@@ -52,9 +52,14 @@ class Line:
 
 
 def pod_of(log_path: Path) -> str:
-    """``<ns>_<pod>_<uid>/trainer.log`` -> ``<pod>``."""
-    parts = log_path.parent.name.split("_")
-    return "_".join(parts[1:-1]) if len(parts) >= 3 else log_path.parent.name
+    """``<ns>_<pod>_<uid>/trainer.log`` (the process kubelet) or a real
+    kubelet's ``<ns>_<pod>_<uid>/trainer/0.log`` -> ``<pod>``."""
+    # Container, pod and namespace names have no "_": the nearest such directory is the pod's.
+    for directory in log_path.parents:
+        parts = directory.name.split("_")
+        if len(parts) >= 3:
+            return "_".join(parts[1:-1])
+    return log_path.parent.name
 
 
 def parse_line(text: str, pod: str, current_round: int, seen: float) -> Line | None:
@@ -228,7 +233,8 @@ class LogFollower:
         if not self._dir.is_dir():
             return
         for pod_dir in sorted(self._dir.glob(f"{self._prefix}*")):
-            for log in pod_dir.glob("*.log"):
+            # rglob: a real kubelet keeps <container>/<restart>.log under the pod's directory.
+            for log in pod_dir.rglob("*.log"):
                 self._read(log, now)
 
     def _read(self, log: Path, now: float) -> None:

@@ -45,6 +45,10 @@ class TrainingJob:
     torchrun: bool = False
     script: str = "examples/train_elastic.py"
     extra_env: tuple[tuple[str, str], ...] = ()
+    # The process kubelet ignores the image; a real node (e2e.realnode) runs it, with
+    # the script at the same relative path in its /workspace.
+    image: str = "torchflex-example:local"
+    node: str = PROCESS_NODE
 
     def command(self) -> list[str]:
         train = [
@@ -82,7 +86,7 @@ class TrainingJob:
             "rendezvous": rendezvous,
             "template": {
                 "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": PROCESS_NODE},
+                    "nodeSelector": {"kubernetes.io/hostname": self.node},
                     "terminationGracePeriodSeconds": self.grace_s,
                     "volumes": [
                         {
@@ -93,7 +97,7 @@ class TrainingJob:
                     "containers": [
                         {
                             "name": labels.TRAINER_CONTAINER,
-                            "image": "torchflex-example:local",
+                            "image": self.image,
                             "command": self.command(),
                             "env": [{"name": k, "value": v} for k, v in self.extra_env],
                             "volumeMounts": [{"name": "ckpt", "mountPath": CKPT_MOUNT}],

@@ -52,6 +52,8 @@ def test_parse_text_tags_worker_lines_with_the_agent_round() -> None:
 def test_pod_name_from_the_kubelet_log_path() -> None:
     path = Path("/x/pods/t-1234_job-worker-0_0b9f-uid/trainer.log")
     assert pod_of(path) == "job-worker-0"
+    # A real kubelet's layout (CRI): one directory per container, one file per restart.
+    assert pod_of(Path("/x/pod_logs/t-1_job-worker-0_0b9f-uid/trainer/0.log")) == "job-worker-0"
 
 
 def test_round_spans_group_steps_by_round() -> None:
