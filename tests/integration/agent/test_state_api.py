@@ -34,11 +34,12 @@ import pytest
 
 from e2e.kubelet import records
 from e2e.localproc import LineLog
-from tests.integration.agent.tfagent_helpers import PYTHON, REPO, Job, node_rank, preempt
+from tests.integration.agent.tfagent_helpers import PYTHON, REPO, Job, preempt
 from torchflex_contract.exit_codes import ExitCode
 
 STATEFUL = str(REPO / "examples" / "train_stateful.py")
 STEP = r"^\[rank \d+\] step=(\d+) .*world=(\d+)"
+SHM = Path("/dev/shm")
 RESTORED = r"^\[rank (\d+)\] restored step=(\d+) from=(local|rank \d+)"
 
 
@@ -103,7 +104,9 @@ def check_at_most_one_lost(
     assert len(steps) == 1, f"{what}: survivors resumed from different steps {got}"
     resumed = steps.pop()
     print(f"\nSTATE {what}: last printed step {last}, resumed from {resumed}, via {got}")
-    assert last - 1 <= resumed <= last, f"{what}: lost {last - resumed} steps ({got})"
+    # At most the step in flight is lost; a step that completed everywhere but was not
+    # printed yet (the fault struck between its commit and its line) may be kept.
+    assert last - 1 <= resumed <= last + 1, f"{what}: lost {last - resumed} steps ({got})"
     return resumed
 
 
@@ -113,8 +116,8 @@ def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> Non
     logs = [start(sjob) for _ in range(3)]
     training_at(logs, 3, 0.0, 120, min_step=5)
 
-    # 1. SIGKILL one node that is not node rank 0 (its agent and every process below it).
-    victim = next(log for log in logs if node_rank(log) != 0)
+    # 1. SIGKILL one node: its agent and every process below it.
+    victim = logs[1]
     survivors = [log for log in logs if log is not victim]
     tree = records.process_tree(victim.proc.pid)
     killed_at = time.monotonic()
@@ -135,7 +138,7 @@ def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> Non
     assert new_step > got, (new_step, got)
 
     # 3. Freeze one node's whole tree: no socket closes, only heartbeats stop.
-    frozen_log = next(log for log in group if node_rank(log) != 0)
+    frozen_log = group[0]
     awake = [log for log in group if log is not frozen_log]
     sjob.frozen = records.process_tree(frozen_log.proc.pid)
     frozen_at = time.monotonic()
@@ -153,3 +156,6 @@ def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> Non
     training_at(group, 3, rejoined_at, 60)
     assert woken_from.startswith("rank "), f"the woken member used its own stale copy: {woken_from}"
     assert preempt(group, 60) == [ExitCode.PREEMPTED] * len(group)
+    # Each agent removed its in-memory folder when it exited.
+    left = [p.name for log in group for p in SHM.glob(f"torchflex-state-{log.proc.pid}-*")]
+    assert not left, left

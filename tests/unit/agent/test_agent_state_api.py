@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 
 from torchflex_agent.fence import Lease
+from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult
 from torchflex_agent.state_logic import CopyMeta, choose_source, may_write, usable_incarnation
 from torchflex_agent.state_shm import CopyStore, create_dir, sweep_dead
+from torchflex_agent.workers import LaunchContext, worker_env
 from torchflex_contract import env as tfenv
 
 
@@ -137,6 +139,14 @@ def test_copies_are_per_local_rank_and_absent_without_the_agent(tmp_path: Path) 
     bare = CopyStore({})
     assert not bare.enabled and bare.read() is None
     assert bare.write(CopyMeta("", -1, 1), b"x") is not None
+
+
+def test_workers_are_told_the_agents_folder_only_when_it_has_one(tmp_path: Path) -> None:
+    result = RendezvousResult(round=2, node_rank=0, nodes=(NodeDescriptor("n0", "h", 1, 1),))
+    ctx = LaunchContext("job", 0, 3, 1, tmp_path / "errors", state_dir=tmp_path / "shm")
+    assert worker_env({}, result, ctx, 0)[tfenv.STATE_DIR] == str(tmp_path / "shm")
+    bare = LaunchContext("job", 0, 3, 1, tmp_path / "errors")
+    assert tfenv.STATE_DIR not in worker_env({}, result, bare, 0)
 
 
 def test_sweep_removes_only_dead_agents_folders(tmp_path: Path) -> None:
