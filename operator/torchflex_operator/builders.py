@@ -24,6 +24,7 @@ from torchflex_operator.manifests import (
     headless_service,
     object_labels,
     owner_ref,
+    safe_to_evict,
     trainer_container,
 )
 from torchflex_operator.settings import Settings
@@ -192,6 +193,7 @@ def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
         pod_spec["schedulingGroup"] = gang.scheduling_group(job)
     pod_labels = {**(meta.get("labels") or {}), **object_labels(job, Role.WORKER, index)}
     annotations = {
+        **safe_to_evict(Role.WORKER),  # a template's own value wins
         **(meta.get("annotations") or {}),
         Annotation.SPEC_HASH.value: template_hash(job),
     }

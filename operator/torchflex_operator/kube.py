@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from torchflex_contract import labels
-from torchflex_operator import gang
+from torchflex_operator import disruption, gang, queueing
 from torchflex_operator.errors import (
     AccessDeniedError,
     ApiAbsentError,
@@ -41,6 +41,7 @@ T = TypeVar("T")
 COMPONENT = "torchflex-operator"
 _TIMEOUT_S = 15
 _WRITE_VERBS = frozenset(("create", "patch", "delete", "post", "update"))
+_MERGE_PATCH = "application/merge-patch+json"
 # The authorizer's refusal reads 'User "system:serviceaccount:ns:sa" cannot get resource ...';
 # admission refusals (Pod Security) and a terminating namespace are 403s without it.
 _RBAC_DENIAL = re.compile(r'(User|Group) "[^"]*" cannot ')
@@ -127,6 +128,9 @@ class Kube:
         self.networking = client.NetworkingV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
         self.scheduling = client.SchedulingV1beta1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
+        self.kueue = client.CustomObjectsApi(api_client)
+        """Kueue's Workloads and WorkloadPriorityClasses (``queueing``)."""
         self.on_request = on_request
         """Called with the verb and the HTTP status code (``<error>``: no response)
         of every request made here (metrics)."""
@@ -347,43 +351,145 @@ class Kube:
         """Create the PodGroup, or bring an existing one's gang ``minCount`` to the
         manifest's (the one field of it that may change). ``ApiAbsentError`` when the
         API answers 404: the group version is not served (or the namespace is gone)."""
+        await self._create_or_patch(
+            "podgroup",
+            manifest,
+            create=lambda ns, body: self.scheduling.create_namespaced_pod_group(
+                ns, body, _request_timeout=_TIMEOUT_S
+            ),
+            read=lambda name, ns: self.scheduling.read_namespaced_pod_group(
+                name, ns, _request_timeout=_TIMEOUT_S
+            ),
+            patch=lambda name, ns, patch: self.scheduling.patch_namespaced_pod_group(
+                name, ns, patch, _content_type=_MERGE_PATCH, _request_timeout=_TIMEOUT_S
+            ),
+            diff=gang.min_count_patch,
+        )
+
+    # -- the job's PodDisruptionBudget (``disruption``) ----------------------------------
+
+    async def apply_disruption_budget(self, manifest: Mapping[str, Any]) -> None:
+        """Create the budget, or bring an existing one's owned fields to the manifest's."""
+        await self._create_or_patch(
+            "poddisruptionbudget",
+            manifest,
+            create=lambda ns, body: self.policy.create_namespaced_pod_disruption_budget(
+                ns, body, _request_timeout=_TIMEOUT_S
+            ),
+            read=lambda name, ns: self.policy.read_namespaced_pod_disruption_budget(
+                name, ns, _request_timeout=_TIMEOUT_S
+            ),
+            patch=lambda name, ns, patch: self.policy.patch_namespaced_pod_disruption_budget(
+                name, ns, patch, _content_type=_MERGE_PATCH, _request_timeout=_TIMEOUT_S
+            ),
+            diff=disruption.spec_patch,
+        )
+
+    async def delete_disruption_budget(self, namespace: str, name: str) -> bool:
+        """Delete the budget; False when it was not there (404)."""
+        return await self._ignore(
+            (404,),
+            f"delete poddisruptionbudget {namespace}/{name}",
+            lambda: self.policy.delete_namespaced_pod_disruption_budget(
+                name, namespace, _request_timeout=_TIMEOUT_S
+            ),
+        )
+
+    async def _create_or_patch(
+        self,
+        kind: str,
+        manifest: Mapping[str, Any],
+        *,
+        create: Callable[[str, Any], Any],
+        read: Callable[[str, str], Any],
+        patch: Callable[[str, str, Any], Any],
+        diff: Callable[[Mapping[str, Any], Mapping[str, Any]], Mapping[str, Any] | None],
+    ) -> None:
+        """Create ``manifest``; when it exists, merge-patch what ``diff`` (wanted, current)
+        says differs. ``ApiAbsentError`` when the create answers 404."""
         ns = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
         body: Any = dict(manifest)
-        what = f"create podgroup {ns}/{name}"
         try:
-            await self._call(
-                what,
-                lambda: self.scheduling.create_namespaced_pod_group(
-                    ns, body, _request_timeout=_TIMEOUT_S
-                ),
-            )
+            await self._call(f"create {kind} {ns}/{name}", lambda: create(ns, body))
             return
         except ConflictError:
-            pass  # already there: compare its minCount below
+            pass  # already there: compare it below
         except PermanentError as exc:
             if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
                 raise ApiAbsentError(str(exc)) from exc.__cause__
             raise _refusal(exc) from exc.__cause__
-        current: Any = await self._call(
-            f"get podgroup {ns}/{name}",
-            lambda: self.scheduling.read_namespaced_pod_group(
-                name, ns, _request_timeout=_TIMEOUT_S
-            ),
-        )
-        patch = gang.min_count_patch(manifest, self._dict(current))
-        if patch is None:
-            return
-        await self._call(
-            f"patch podgroup {ns}/{name}",
-            lambda: self.scheduling.patch_namespaced_pod_group(
-                name,
-                ns,
-                patch,
-                _content_type="application/merge-patch+json",
+        current: Any = await self._call(f"get {kind} {ns}/{name}", lambda: read(name, ns))
+        change = diff(manifest, self._dict(current))
+        if change is not None:
+            await self._call(f"patch {kind} {ns}/{name}", lambda: patch(name, ns, change))
+
+    # -- a queued job's Kueue Workload (an optional API) --------------------------------
+
+    async def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Workload, or None when it does not exist (or Kueue is not installed)."""
+        return await self._get_or_none(
+            f"get workload {namespace}/{name}",
+            lambda: self.kueue.get_namespaced_custom_object(
+                queueing.GROUP, queueing.VERSION, namespace, queueing.PLURAL, name,
                 _request_timeout=_TIMEOUT_S,
             ),
-        )
+        )  # fmt: skip
+
+    async def workload_priority(self, name: str) -> int | None:
+        """A WorkloadPriorityClass's value; None when there is no such class."""
+        obj = await self._get_or_none(
+            f"get workloadpriorityclass {name}",
+            lambda: self.kueue.get_cluster_custom_object(
+                queueing.GROUP, queueing.VERSION, queueing.PRIORITY_CLASSES, name,
+                _request_timeout=_TIMEOUT_S,
+            ),
+        )  # fmt: skip
+        value = None if obj is None else obj.get("value")
+        return value if isinstance(value, int) else None
+
+    async def create_workload(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create the Workload; None when one of that name exists already (409)."""
+        ns = manifest["metadata"]["namespace"]
+        body: Any = dict(manifest)
+        try:
+            obj: Any = await self._call(
+                f"create workload {ns}/{manifest['metadata']['name']}",
+                lambda: self.kueue.create_namespaced_custom_object(
+                    queueing.GROUP, queueing.VERSION, ns, queueing.PLURAL, body,
+                    _request_timeout=_TIMEOUT_S,
+                ),
+            )  # fmt: skip
+        except ConflictError:
+            return None
+        except PermanentError as exc:
+            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+                raise ApiAbsentError(str(exc)) from exc.__cause__
+            raise _refusal(exc) from exc.__cause__
+        return dict(obj)
+
+    async def patch_workload_status(
+        self, namespace: str, name: str, resource_version: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Merge-patch the Workload's status, guarded by ``resource_version`` (409: re-read)."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(patch)}
+        obj: Any = await self._call(
+            f"patch workload {namespace}/{name} status",
+            lambda: self.kueue.patch_namespaced_custom_object_status(
+                queueing.GROUP, queueing.VERSION, namespace, queueing.PLURAL, name, body,
+                _request_timeout=_TIMEOUT_S,
+            ),
+        )  # fmt: skip
+        return dict(obj)
+
+    async def _get_or_none(self, what: str, fn: Callable[[], Any]) -> dict[str, Any] | None:
+        try:
+            obj: Any = await self._call(what, fn)
+        except PermanentError as exc:
+            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
+                return None
+            raise
+        return dict(obj)
 
     # -- events -------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any
 from torchflex_contract import labels
 from torchflex_contract.labels import Label, Role
 from torchflex_operator.spec import JobSpec
+from torchflex_operator.vocabulary import AutoscalerAnnotation
 
 Manifest = dict[str, Any]
 
@@ -39,6 +40,14 @@ def object_labels(job: JobSpec, role: Role, index: int | None = None) -> dict[st
     if index is not None:
         out[Label.REPLICA_INDEX.value] = str(index)
     return out
+
+
+def safe_to_evict(role: Role) -> dict[str, str]:
+    """cluster-autoscaler's annotation for a pod of ``role``: workers may be drained
+    (the job's PodDisruptionBudget holds its minimum), the store and etcd pods not
+    (see ``disruption``)."""
+    value = "true" if role is Role.WORKER else "false"
+    return {AutoscalerAnnotation.SAFE_TO_EVICT.value: value}
 
 
 def trainer_container(pod_spec: Manifest) -> Manifest:
@@ -76,6 +85,7 @@ def aux_pod(job: JobSpec, name: str, role: Role, container: Manifest) -> Manifes
             "name": name,
             "namespace": job.namespace,
             "labels": object_labels(job, role),
+            "annotations": safe_to_evict(role),
             "ownerReferences": [owner_ref(job)],
         },
         "spec": pod_spec,

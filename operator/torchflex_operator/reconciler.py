@@ -16,7 +16,12 @@ the ``leader`` gate: a standby replica takes no key and writes nothing.
 Gang scheduling (``gang``): the first pass of the process asks API discovery
 whether PodGroups are served and keeps the answer in ``settings``; where
 they are, a live job's PodGroup is written before anything else of the pass,
-once per process and again when ``minReplicas`` changes.
+once per process and again when ``minReplicas`` changes. The job's
+PodDisruptionBudget (``disruption``) is written the same way, and deleted
+once when the job has finished.
+Kueue (``queueing``, ``admission``): a job labelled with a queue name is
+planned with what its Workload allows; after the pass its Workload is
+created, released or marked Finished.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchflex_contract import labels
-from torchflex_operator import events, gang
+from torchflex_operator import disruption, events, gang, queueing
 from torchflex_operator.actions import Plan
+from torchflex_operator.admission import Workloads
 from torchflex_operator.agent_status import StatusPoller
 from torchflex_operator.cache import JobKey, NodeCache, OwnedCache
 from torchflex_operator.defaulting import replicas_patch
@@ -107,6 +113,10 @@ class Reconciler:
         """Ids of the job's ``status.pendingEvents`` posted by this process."""
         self._denied_warned_at: float | None = None
         self._gangs: dict[JobKey, int] = {}
+        self._budgets: dict[JobKey, int | None] = {}
+        """The ``minAvailable`` this process wrote to each job's PodDisruptionBudget; None:
+        deleted (the job finished)."""
+        self.workloads = Workloads(kube)
         self._gang_asked = asyncio.Lock()
         """Held while discovery is asked: the workers' first passes ask once between them."""
         """The gang ``minCount`` this process wrote to each job's PodGroup (``gang``)."""
@@ -145,6 +155,8 @@ class Reconciler:
         self._refusals.pop(key, None)
         self._posted.pop(key, None)
         self._gangs.pop(key, None)
+        self._budgets.pop(key, None)
+        self.workloads.forget(key)
 
     def _gate_changed(self, active: bool) -> None:
         self.metrics.active.set(1 if active else 0)
@@ -279,14 +291,20 @@ class Reconciler:
             await self._event(obj, EventType.WARNING, EventReason.INVALID_SPEC, str(exc), now)
             raise
         observed = await self.observe(key, now)
+        view = await self.workloads.view(key, job)
+        observed = dataclasses.replace(observed, queue=queueing.gate(job, view))
         mode = await self._gang_mode()
         result = plan(job, JobStatus.parse(obj.get("status") or {}), observed, now, self.settings)
         if result.status is not None:  # None: the job is being deleted
             result.status = dataclasses.replace(result.status, gang_scheduling=mode)
             phase = result.status.phase
-            if mode is GangScheduling.ENABLED and not (phase is not None and phase.finished):
+            finished = phase is not None and phase.finished
+            if mode is GangScheduling.ENABLED and not finished:
                 await self._apply_gang(key, job)
+            await self._apply_budget(key, job, finished)
         await self.apply(key, obj, result, now)
+        phase = None if result.status is None else result.status.phase
+        await self.workloads.write(key, job, view, phase=phase, pods=len(observed.pods), now=now)
         self.metrics.job_phase(key, None if result.status is None else result.status.phase)
         requeue = result.requeue_after
         if self.poller.enabled and requeue is not None and any(p.running for p in observed.pods):
@@ -325,6 +343,17 @@ class Reconciler:
             self.settings = dataclasses.replace(self.settings, gang_scheduling=None)
             raise RetryableError(str(exc)) from exc
         self._gangs[key] = job.min_replicas
+
+    async def _apply_budget(self, key: JobKey, job: JobSpec, finished: bool) -> None:
+        """Write the job's PodDisruptionBudget while it lives (again when ``minReplicas``
+        changes); delete it once it has finished: no minimum to hold any more."""
+        if finished:
+            if key not in self._budgets or self._budgets[key] is not None:
+                await self.kube.delete_disruption_budget(job.namespace, disruption.budget_name(job))
+                self._budgets[key] = None
+        elif disruption.needs_write(job, self._budgets.get(key)):
+            await self.kube.apply_disruption_budget(disruption.pod_disruption_budget(job))
+            self._budgets[key] = job.min_replicas
 
     async def apply(
         self, key: JobKey, obj: Mapping[str, Any], result: Plan, now: dt.datetime

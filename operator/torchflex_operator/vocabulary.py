@@ -73,6 +73,10 @@ class Reason(enum.StrEnum):
     # Suspended (and MinAvailable, AtDesiredSize, Training while suspended)
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED = "Resumed"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    """Queued in Kueue (``queueing``): no pods until its Workload is admitted."""
+    EVICTED_BY_KUEUE = "EvictedByKueue"
+    """Kueue evicted or preempted its Workload: pods stopped gracefully, checkpoint kept."""
     # Succeeded
     WORKER_GROUP_SUCCEEDED = "WorkerGroupSucceeded"
     # Failed
@@ -128,6 +132,9 @@ class EventReason(enum.StrEnum):
     RENDEZVOUS_HOST_LOST = "RendezvousHostLost"
     SUSPENDED = "Suspended"
     RESUMED = "Resumed"
+    WAITING_FOR_ADMISSION = "WaitingForAdmission"
+    ADMITTED = "Admitted"
+    EVICTED_BY_KUEUE = "EvictedByKueue"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     TTL_EXPIRED = "TTLExpired"
@@ -149,6 +156,41 @@ class GangScheduling(enum.StrEnum):
     """The cluster serves PodGroups: the job owns one with a gang policy of ``minReplicas``."""
     UNAVAILABLE = "Unavailable"
     """No ``scheduling.k8s.io/v1beta1`` PodGroups: pods are placed one by one, as before."""
+
+
+class AutoscalerAnnotation(enum.StrEnum):
+    """cluster-autoscaler's pod annotation the operator writes (``disruption``)."""
+
+    SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+    """``"true"`` on workers: a pod of a custom controller otherwise blocks scale-down of
+    its node (``--skip-nodes-with-custom-controller-pods``, default on); ``"false"`` on
+    the store and etcd pods, whose loss ends every worker's rendezvous."""
+
+
+class KueueLabel(enum.StrEnum):
+    """Kueue's label keys the operator reads on an ElasticJob (``queueing``)."""
+
+    QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+    """The LocalQueue: a job labelled with it runs only while its Workload is admitted."""
+    PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
+    """A WorkloadPriorityClass: its value is the Workload's priority (preemption)."""
+
+
+class KueueCondition(enum.StrEnum):
+    """Kueue's Workload condition types the operator reads and writes (``queueing``)."""
+
+    QUOTA_RESERVED = "QuotaReserved"
+    ADMITTED = "Admitted"
+    EVICTED = "Evicted"
+    REQUEUED = "Requeued"
+    FINISHED = "Finished"
+
+
+class KueueEvictionReason(enum.StrEnum):
+    """Reasons of Kueue's ``Evicted`` after which its job controllers say ``Requeued=True``."""
+
+    PREEMPTED = "Preempted"
+    NODE_FAILURES = "NodeFailures"
 
 
 class EventType(enum.StrEnum):

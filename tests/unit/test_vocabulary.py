@@ -32,6 +32,8 @@ STATUS_WORDS: tuple[type[enum.StrEnum], ...] = (
     vocabulary.Reason,
     vocabulary.EventReason,
     vocabulary.GangScheduling,
+    vocabulary.KueueLabel,
+    vocabulary.AutoscalerAnnotation,
 )
 CONTRACT_WORDS: tuple[type[enum.StrEnum], ...] = (
     labels.Label,

@@ -184,6 +184,21 @@ watches for handlers.py.
 - apiGroups: [scheduling.k8s.io]
   resources: [podgroups]
   verbs: [create, get, patch]
+# Each live job's PodDisruptionBudget (disruption.py): created, read and patched when
+# minReplicas changes, deleted when the job has finished.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, get, patch, delete]
+# Kueue admission of a job labelled kueue.x-k8s.io/queue-name: its Workload is watched
+# by kopf, read, created; its status is patched to release an evicted job's quota
+# reservation and to mark it Finished (Kueue's external-framework contract). Unused
+# where Kueue is not installed.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list, watch, get, create]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
 {{- end }}
 
 {{/* Leader election: the one Lease in the release namespace (templates/rbac.yaml). */}}
@@ -210,6 +225,10 @@ watches for handlers.py.
   resources: [namespaces]
   verbs: [list, watch]
 {{- end }}
+# A queued job's WorkloadPriorityClass (cluster-scoped): its value is the Workload's priority.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloadpriorityclasses]
+  verbs: [get]
 {{- if .Values.operator.watchNodes }}
 # --watch-nodes: lost nodes make the operator force-delete their pods.
 - apiGroups: [""]

@@ -3,8 +3,8 @@
 What the operator calls is read from its code, not from a list kept by hand:
 - ``kube.py`` (the only module calling the API): every ``self.core.X`` /
   ``self.custom.X`` / ``self.networking.X`` / ``self.coordination.X`` /
-  ``self.scheduling.X`` call (API discovery aside: every client may read it), mapped
-  from the client's method name to a verb and resource (``create_namespaced_pod``
+  ``self.scheduling.X`` / ``self.kueue.X`` call (API discovery aside: every client may
+  read it), mapped from the client's method name to a verb and resource (``create_namespaced_pod``
   → pods create); the Lease calls (leader election) go to a Role in the release
   namespace, get/update limited to the Lease's name;
 - ``handlers.py``: every ``kopf.on.event(group, version, plural)`` is a kopf
@@ -34,7 +34,7 @@ from kopf._cogs.structs import references
 
 from tests.unit.install.chart import NAMESPACE, VALUE_SETS, find, one, render, rules_of
 from torchflex_contract import labels
-from torchflex_operator import backends, builders, handlers, kube
+from torchflex_operator import backends, builders, handlers, kube, queueing
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 
@@ -42,7 +42,7 @@ Rule = tuple[str, str, str]
 # The operator's own ClusterRole; the chart's user-facing ones (aggregated into
 # edit/view, templates/tenancy.yaml) grant users, not the operator.
 OPERATOR_CLUSTER_ROLE = "tf-torchflex-torchflex-system"
-CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions"}
+CLUSTER_SCOPED = {"nodes", "namespaces", "customresourcedefinitions", "workloadpriorityclasses"}
 LEASE_ROLE = "tf-torchflex-leader-election"
 LEASES = ("coordination.k8s.io", "leases")
 _VERBS = {"create": "create", "delete": "delete", "list": "list", "get": "get", "read": "get",
@@ -50,6 +50,7 @@ _VERBS = {"create": "create", "delete": "delete", "list": "list", "get": "get", 
 _CORE_PLURALS = {"pod": "pods", "service": "services", "event": "events", "node": "nodes"}
 _NETWORKING_PLURALS = {"network_policy": "networkpolicies"}
 _SCHEDULING_PLURALS = {"pod_group": "podgroups"}
+_POLICY_PLURALS = {"pod_disruption_budget": "poddisruptionbudgets"}
 # API discovery (``get_api_resources``) is granted to every authenticated client.
 _DISCOVERY = "get_api_resources"
 _METHOD = re.compile(r"^(?P<verb>[a-z]+)_namespaced_(?P<kind>[a-z_]+?)(?P<status>_status)?$")
@@ -57,7 +58,8 @@ _METHOD = re.compile(r"^(?P<verb>[a-z]+)_namespaced_(?P<kind>[a-z_]+?)(?P<status
 
 def _client_calls() -> list[tuple[str, str]]:
     """(api, method) of every ``self.core.m(...)`` / ``self.custom.m(...)`` in kube.py
-    (``self.scheduling`` too: the PodGroups), discovery left out."""
+    (``self.scheduling`` too: the PodGroups; ``self.policy``: the PodDisruptionBudgets),
+    discovery left out."""
     tree = ast.parse(Path(inspect.getfile(kube)).read_text())
     calls = []
     for node in ast.walk(tree):
@@ -68,7 +70,7 @@ def _client_calls() -> list[tuple[str, str]]:
             and isinstance(node.func.value.value, ast.Name)
             and node.func.value.value.id == "self"
             and node.func.value.attr
-            in ("core", "custom", "networking", "coordination", "scheduling")
+            in ("core", "custom", "networking", "coordination", "scheduling", "kueue", "policy")
             and node.func.attr != _DISCOVERY
         ):
             calls.append((node.func.value.attr, node.func.attr))
@@ -78,16 +80,24 @@ def _client_calls() -> list[tuple[str, str]]:
 def kube_rules() -> set[Rule]:
     out: set[Rule] = set()
     for api, method in _client_calls():
+        if (api, method) == ("kueue", "get_cluster_custom_object"):
+            out.add((queueing.GROUP, queueing.PRIORITY_CLASSES, "get"))
+            continue
         m = _METHOD.match(method)
         assert m, f"kube.py calls {api}.{method}: teach this test its verb/resource"
         verb = _VERBS[m["verb"]]
         if api == "custom":
             assert m["kind"] == "custom_object", method
             group, resource = labels.GROUP, labels.PLURAL
+        elif api == "kueue":
+            assert m["kind"] == "custom_object", method
+            group, resource = queueing.GROUP, queueing.PLURAL
         elif api == "networking":
             group, resource = "networking.k8s.io", _NETWORKING_PLURALS[m["kind"]]
         elif api == "scheduling":
             group, resource = "scheduling.k8s.io", _SCHEDULING_PLURALS[m["kind"]]
+        elif api == "policy":
+            group, resource = "policy", _POLICY_PLURALS[m["kind"]]
         elif api == "coordination":
             assert m["kind"] == "lease", method
             group, resource = LEASES
@@ -183,6 +193,9 @@ def test_derivation_sees_the_calls_we_know_about() -> None:
     assert ("", "nodes") in watched_resources()
     assert lease_rules() == {(*LEASES, v) for v in ("get", "create", "update")}
     assert ("scheduling.k8s.io", "podgroups", "patch") in rules
+    assert ("kueue.x-k8s.io", "workloads/status", "patch") in rules
+    assert ("kueue.x-k8s.io", "workloadpriorityclasses", "get") in rules
+    assert ("kueue.x-k8s.io", "workloads") in watched_resources()
 
 
 def assert_lease_role(docs: list[dict[str, Any]], election: bool) -> None:

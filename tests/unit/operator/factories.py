@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
 
 from torchflex_contract import labels
 from torchflex_contract.labels import Role
@@ -91,3 +94,35 @@ def written(result: Plan) -> dict[str, Any]:
 
 def ago(seconds: float) -> str:
     return (NOW - dt.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def api_error(status: int, message: str = "") -> ApiException:
+    """What the official client raises for an HTTP ``status`` answer."""
+    exc = ApiException(status=status, reason="x")
+    exc.body = json.dumps({"message": message})
+    return exc
+
+
+class ClientStandIn:
+    """Stands in for one of the client's API classes (``SchedulingV1beta1Api``,
+    ``PolicyV1Api``): each method answers from ``answers``, every call is recorded."""
+
+    def __init__(self, **answers: Callable[..., Any]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((method, args, kwargs))
+            return self.answers[method](*args, **kwargs)
+
+        return call
+
+
+def raising(exc: Exception) -> Callable[..., Any]:
+    """An answer of ``ClientStandIn`` that raises ``exc``."""
+
+    def answer(*_: Any, **__: Any) -> Any:
+        raise exc
+
+    return answer

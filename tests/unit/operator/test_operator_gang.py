@@ -11,16 +11,25 @@ deadlock it prevents in tests/e2e/test_gang.py.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 
-from tests.unit.operator.factories import NAME, NOW, NS, job, job_obj, observed, worker
+from tests.unit.operator.factories import (
+    NAME,
+    NOW,
+    NS,
+    ClientStandIn,
+    api_error,
+    job,
+    job_obj,
+    observed,
+    raising,
+    worker,
+)
 from torchflex_contract.labels import Label, Role
 from torchflex_operator import builders, gang, pacing
 from torchflex_operator.errors import AccessDeniedError, ApiAbsentError, RetryableError
@@ -126,35 +135,7 @@ def test_status_field_round_trips(raw: dict[str, Any], parsed: GangScheduling | 
 # -- the fallback: Kube's typed answers for a cluster without the API ---------------
 
 
-def _api_error(status: int, message: str = "") -> ApiException:
-    exc = ApiException(status=status, reason="x")
-    exc.body = json.dumps({"message": message})
-    return exc
-
-
-class _Scheduling:
-    """Stands in for ``SchedulingV1beta1Api``: each method answers from ``answers``."""
-
-    def __init__(self, **answers: Callable[..., Any]) -> None:
-        self.answers = answers
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append((method, args, kwargs))
-            return self.answers[method](*args, **kwargs)
-
-        return call
-
-
-def _raise(exc: Exception) -> Callable[..., Any]:
-    def answer(*_: Any, **__: Any) -> Any:
-        raise exc
-
-    return answer
-
-
-def _kube(api: _Scheduling) -> Kube:
+def _kube(api: ClientStandIn) -> Kube:
     kube = Kube(ApiClient())
     kube.scheduling = api  # type: ignore[assignment]
     return kube
@@ -167,7 +148,7 @@ def _resources(*names: str) -> Callable[..., Any]:
 @pytest.mark.parametrize(
     ("answer", "served"),
     [
-        (_raise(_api_error(404)), False),  # group version not served at all
+        (raising(api_error(404)), False),  # group version not served at all
         (_resources("workloads"), False),  # served, but without PodGroups
         (_resources("workloads", "podgroups", "podgroups/status"), True),
     ],
@@ -176,27 +157,27 @@ def _resources(*names: str) -> Callable[..., Any]:
 def test_discovery_tells_whether_pod_groups_are_served(
     answer: Callable[..., Any], served: bool
 ) -> None:
-    kube = _kube(_Scheduling(get_api_resources=answer))
+    kube = _kube(ClientStandIn(get_api_resources=answer))
     assert asyncio.run(kube.pod_groups_served()) is served
 
 
 def test_create_answered_404_is_api_absent_not_a_failed_pass() -> None:
-    kube = _kube(_Scheduling(create_namespaced_pod_group=_raise(_api_error(404))))
+    kube = _kube(ClientStandIn(create_namespaced_pod_group=raising(api_error(404))))
     with pytest.raises(ApiAbsentError, match="create podgroup ns/demo"):
         asyncio.run(kube.apply_pod_group(gang.pod_group(job())))
 
 
 def test_create_refused_by_rbac_stays_access_denied() -> None:
-    denied = _api_error(403, 'User "system:serviceaccount:a:b" cannot create resource')
-    kube = _kube(_Scheduling(create_namespaced_pod_group=_raise(denied)))
+    denied = api_error(403, 'User "system:serviceaccount:a:b" cannot create resource')
+    kube = _kube(ClientStandIn(create_namespaced_pod_group=raising(denied)))
     with pytest.raises(AccessDeniedError):
         asyncio.run(kube.apply_pod_group(gang.pod_group(job())))
 
 
 @pytest.mark.parametrize(("existing", "patched"), [(2, False), (3, True)])
 def test_existing_group_gets_only_its_min_count_patched(existing: int, patched: bool) -> None:
-    api = _Scheduling(
-        create_namespaced_pod_group=_raise(_api_error(409)),
+    api = ClientStandIn(
+        create_namespaced_pod_group=raising(api_error(409)),
         read_namespaced_pod_group=lambda *_, **__: _group(existing),
         patch_namespaced_pod_group=lambda *_, **__: {},
     )
@@ -231,6 +212,9 @@ class _FakeKube:
         self.calls.append("podgroup")
         if self.absent_on_create:
             raise ApiAbsentError("create podgroup ns/demo: HTTP 404")
+
+    async def apply_disruption_budget(self, manifest: dict[str, Any]) -> None:
+        self.calls.append("budget")
 
     async def patch_job_status(self, ns: str, name: str, rv: str, patch: Any) -> dict[str, Any]:
         self.calls.append("status")
