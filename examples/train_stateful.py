@@ -28,6 +28,7 @@ import datetime
 import os
 import signal
 import sys
+import threading
 import time
 from types import FrameType
 
@@ -77,11 +78,12 @@ def resume(state: TrainState, ckpt: Checkpointer | None) -> int:
 @record
 def main() -> int:
     args = parse_args()
-    stop_requested = False
+    # An Event, not a flag: SIGTERM also ends the step's pacing sleep at once, so
+    # a re-forming group's workers exit without sleeping out the step first.
+    stop_requested = threading.Event()
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        nonlocal stop_requested
-        stop_requested = True
+        stop_requested.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -109,11 +111,11 @@ def main() -> int:
         opt.step()
         done += 1
         state.commit(done)  # the step is complete: keep it in the agent's memory
-        flag = torch.tensor([1.0 if stop_requested else 0.0], device=device)
+        flag = torch.tensor([1.0 if stop_requested.is_set() else 0.0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         left = args.step_time - (time.monotonic() - started)
         if left > 0:
-            time.sleep(left)
+            stop_requested.wait(left)
         sps = 1.0 / max(time.monotonic() - started, 1e-6)
         stamp = f" t={time.time():.3f}" if args.print_time else ""
         line = f"step={done} loss={loss.item():.4f} world={world} rank={rank} sps={sps:.1f}"
