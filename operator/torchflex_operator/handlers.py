@@ -97,6 +97,14 @@ def register(reconciler: Reconciler, *, watch_nodes: bool = True) -> kopf.Operat
         if key is not None:
             reconciler.enqueue(key)
 
+    # Kueue's Workloads of queued jobs (``queueing``). Where Kueue is not installed
+    # kopf says the resource is unresolved and watches it once its CRD appears.
+    @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels=_OWNED, registry=registry)
+    async def workload_event(type: str, body: kopf.Body, **_: Any) -> None:
+        key = reconciler.workloads.seen(type, dict(body))
+        if key is not None:
+            reconciler.enqueue(key)
+
     if watch_nodes:
 
         @kopf.on.event("", "v1", "nodes", registry=registry)

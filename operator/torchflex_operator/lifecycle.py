@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from torchflex_operator.queueing import Admission, Gate, hold_message
 from torchflex_operator.spec import CleanPodPolicy
 from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
 
@@ -42,16 +43,25 @@ def cleanup(p: _Pass) -> None:
             p.plan.wake_in(left)
 
 
-def suspend(p: _Pass) -> None:
-    """``spec.suspend``: delete every pod (Kueue's and the user's pause), keep the status."""
+def suspend(
+    p: _Pass,
+    reason: Reason = Reason.SUSPENDED_BY_USER,
+    message: str = "spec.suspend is true",
+    event: EventReason = EventReason.SUSPENDED,
+) -> None:
+    """``spec.suspend`` (or Kueue holding the job, ``hold``): delete every pod
+    gracefully (SIGTERM; the agents leave the checkpoint as it is), keep the status."""
     pods = [pod for pod in p.obs.pods if not pod.terminating]
     for pod in pods:
         p.plan.delete(pod)
-    if p.prior_phase is not Phase.SUSPENDED:
+    current = p.condition(ConditionType.SUSPENDED)
+    if p.prior_phase is not Phase.SUSPENDED or (
+        current is not None and current.reason != reason.value
+    ):
         p.plan.event(
-            EventType.NORMAL,
-            EventReason.SUSPENDED,
-            f"job suspended; deleting {len(pods)} pod(s)",
+            EventType.NORMAL if event is EventReason.SUSPENDED else EventType.WARNING,
+            event,
+            f"{message}; deleting {len(pods)} pod(s)" if pods else message,
         )
     p.s = replace(
         p.s,
@@ -60,23 +70,46 @@ def suspend(p: _Pass) -> None:
         below_min_since=None,
         backoff_until=None,
     )
-    p.set_condition(
-        ConditionType.SUSPENDED,
-        status=True,
-        reason=Reason.SUSPENDED_BY_USER,
-        message="spec.suspend is true",
+    p.set_condition(ConditionType.SUSPENDED, status=True, reason=reason, message=message)
+
+
+def hold(p: _Pass, gate: Gate) -> None:
+    """Kueue holds a queued job: suspended while its Workload waits for admission,
+    and suspended gracefully when Kueue evicts or preempts it (``queueing``)."""
+    evicted = gate.admission is Admission.EVICTED
+    suspend(
+        p,
+        Reason.EVICTED_BY_KUEUE if evicted else Reason.WAITING_FOR_ADMISSION,
+        hold_message(gate),
+        EventReason.EVICTED_BY_KUEUE if evicted else EventReason.WAITING_FOR_ADMISSION,
     )
+
+
+def why_suspended(p: _Pass) -> tuple[Reason, str]:
+    """The reason and message of a suspended job's idle conditions."""
+    gate = p.obs.queue
+    if not p.job.suspend and gate is not None and gate.holds:
+        evicted = gate.admission is Admission.EVICTED
+        reason = Reason.EVICTED_BY_KUEUE if evicted else Reason.WAITING_FOR_ADMISSION
+        return reason, hold_message(gate)
+    return Reason.SUSPENDED_BY_USER, "spec.suspend is true"
 
 
 def resume(p: _Pass) -> None:
     """A live job: leave Suspended if it was, and start the clock once."""
+    gate = p.obs.queue
     if p.prior_phase is Phase.SUSPENDED:
-        p.plan.event(EventType.NORMAL, EventReason.RESUMED, "job resumed")
+        if gate is None:
+            p.plan.event(EventType.NORMAL, EventReason.RESUMED, "job resumed")
+            message = "spec.suspend is false"
+        else:
+            message = f"Kueue admitted Workload {gate.workload} at {gate.count} worker(s)"
+            p.plan.event(EventType.NORMAL, EventReason.ADMITTED, message)
         p.set_condition(
             ConditionType.SUSPENDED,
             status=False,
             reason=Reason.RESUMED,
-            message="spec.suspend is false",
+            message=message,
         )
         p.s = replace(p.s, phase=Phase.PENDING)
     if p.s.start_time is None:

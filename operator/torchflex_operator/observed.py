@@ -15,6 +15,7 @@ from typing import Any
 
 from torchflex_contract import env, labels
 from torchflex_contract.progress import AgentReport
+from torchflex_operator.queueing import Gate
 from torchflex_operator.timestamps import parse_time
 
 
@@ -157,6 +158,8 @@ class Observed:
     """Latest refused create per object name, until a create of that name succeeds."""
     posted_events: frozenset[int] = frozenset()
     """Ids of ``status.pendingEvents`` this operator has posted (see events.py)."""
+    queue: Gate | None = None
+    """What Kueue allows a queued job (``queueing.gate``); None: the job is not queued."""
 
     def workers(self) -> list[PodView]:
         return sorted(

@@ -56,6 +56,9 @@ class _Pass:
         now: dt.datetime,
         settings: Settings,
     ) -> None:
+        if observed.queue is not None and not observed.queue.holds:
+            # Kueue admitted this many workers: the job runs at most at that size.
+            job = replace(job, replicas=min(job.desired, observed.queue.count))
         self.job = job
         self.prior = prior
         self.obs = observed
@@ -431,13 +434,15 @@ class _Pass:
             lifecycle.cleanup(self)
         elif self.job.suspend:
             lifecycle.suspend(self)
+        elif self.obs.queue is not None and self.obs.queue.holds:
+            lifecycle.hold(self, self.obs.queue)
         else:
             self.decide()
         if self.finished:
             phase = self.s.phase.value.lower() if self.s.phase else ""
             training.idle(self, Reason.JOB_FINISHED, f"the job {phase}; nothing runs")
         elif self.s.phase is Phase.SUSPENDED:
-            training.idle(self, Reason.SUSPENDED_BY_USER, "spec.suspend is true")
+            training.idle(self, *lifecycle.why_suspended(self))
         # Every condition was weighed against this spec, kept or changed (metav1.Condition).
         gen = self.job.generation
         conds = tuple(replace(c, observed_generation=gen) for c in self.s.conditions or ())

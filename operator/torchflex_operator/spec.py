@@ -19,6 +19,7 @@ from typing import Any
 from torchflex_contract import env
 from torchflex_contract.rendezvous_backends import DEFAULT_BACKEND, SPEC_BACKENDS, RendezvousBackend
 from torchflex_operator.errors import InvalidSpecError
+from torchflex_operator.vocabulary import KueueLabel
 
 DEFAULT_BACKOFF_LIMIT = 6
 DEFAULT_MAX_RESTARTS = env.DEFAULT_MAX_RESTARTS
@@ -75,6 +76,10 @@ class JobSpec:
     network_policy: bool = True
     """``spec.networkPolicy.enabled``: the operator keeps a NetworkPolicy isolating the job."""
     shared_memory: SharedMemory = SharedMemory()
+    queue_name: str | None = None
+    """Kueue's LocalQueue (label ``kueue.x-k8s.io/queue-name``): it gates the job (``queueing``)."""
+    priority_class: str | None = None
+    """Kueue's WorkloadPriorityClass (label ``kueue.x-k8s.io/priority-class``)."""
 
     @property
     def desired(self) -> int:
@@ -138,6 +143,8 @@ class JobSpec:
                     enabled=bool(shm_raw.get("enabled", True)),
                     size_limit=str(shm_raw.get("sizeLimit", DEFAULT_SHM_SIZE_LIMIT)),
                 ),
+                queue_name=(meta.get("labels") or {}).get(KueueLabel.QUEUE_NAME) or None,
+                priority_class=(meta.get("labels") or {}).get(KueueLabel.PRIORITY_CLASS) or None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc

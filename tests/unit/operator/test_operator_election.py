@@ -375,6 +375,6 @@ def test_kopfs_handlers_only_watch_so_a_standby_writes_nothing_through_kopf() ->
     assert registry._indexing.get_all_handlers() == []
     watching = {h.id.rsplit(".", 1)[-1] for h in registry._watching.get_all_handlers()}
     assert watching == {"job_event", "pod_event", "service_event", "network_policy_event",
-                        "node_event"}  # fmt: skip
+                        "workload_event", "node_event"}  # fmt: skip
     activities = {h.id.rsplit(".", 1)[-1] for h in registry._activities.get_all_handlers()}
     assert activities == {"login", "startup", "cleanup"}

@@ -1,0 +1,106 @@
+"""The thin layer of Kueue admission: each queued job's Workload, cached, created, written.
+
+Where it sits: beside the ``Reconciler``, which owns one ``Workloads``. kopf's
+watch on Workloads labelled as ours feeds ``seen`` (and wakes the job); a
+pass reads its job's Workload with ``view`` (from that cache, or from the API
+when the watch has not delivered it), plans with ``queueing.gate``, and after
+applying the plan calls ``write``, which does what ``queueing.workload_action``
+decided: create the Workload, give an evicted job's quota reservation back,
+or mark it Finished. Decisions stay in ``queueing``; nothing here decides.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from torchflex_contract import labels
+from torchflex_operator import queueing
+from torchflex_operator.cache import JobKey
+from torchflex_operator.errors import ConflictError, PermanentError
+from torchflex_operator.kube import Kube
+from torchflex_operator.spec import JobSpec
+from torchflex_operator.vocabulary import KueueLabel, Phase
+
+log = logging.getLogger(__name__)
+
+
+class Workloads:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.objects: dict[JobKey, dict[str, Any]] = {}
+        """Latest Workload of each queued job (kopf's watch, or our own writes)."""
+
+    def seen(self, kind: str, obj: Mapping[str, Any]) -> JobKey | None:
+        """A Workload from the watch: cache it under its job; the job to wake."""
+        meta = obj.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(labels.Label.JOB_NAME.value)
+        if not job:
+            return None
+        key = (str(meta.get("namespace", "")), str(job))
+        if kind == "DELETED":
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = dict(obj)
+        return key
+
+    def forget(self, key: JobKey) -> None:
+        self.objects.pop(key, None)
+
+    async def view(self, key: JobKey, job: JobSpec) -> queueing.WorkloadView | None:
+        """A queued job's Workload (None: not queued, or no Workload yet)."""
+        if job.queue_name is None:
+            return None
+        obj = self.objects.get(key)
+        if obj is None:  # before the watch delivered it, or never created
+            obj = await self.kube.get_workload(key[0], queueing.workload_name(job))
+            if obj is not None:
+                self.objects[key] = obj
+        return None if obj is None else queueing.WorkloadView.parse(obj)
+
+    async def write(
+        self,
+        key: JobKey,
+        job: JobSpec,
+        view: queueing.WorkloadView | None,
+        *,
+        phase: Phase | None,
+        pods: int,
+        now: dt.datetime,
+    ) -> None:
+        """Create, release or finish the job's Workload (``queueing.workload_action``)."""
+        action = queueing.workload_action(job, view, phase, pods)
+        if action is queueing.WorkloadAction.CREATE:
+            await self._create(key, job)
+            return
+        if view is None or action is queueing.WorkloadAction.NONE:
+            return
+        if action is queueing.WorkloadAction.RELEASE:
+            patch = queueing.release_patch(view, now)
+        else:
+            assert phase is not None  # FINISH is only decided for a finished phase
+            patch = queueing.finished_patch(view, phase, now)
+        try:
+            fresh = await self.kube.patch_workload_status(
+                key[0], view.name, view.resource_version, patch
+            )
+        except ConflictError:
+            self.objects.pop(key, None)  # Kueue wrote it meanwhile: re-read, re-decide
+            raise
+        self.objects[key] = fresh
+        log.info("%s/%s: workload %s: %s", *key, view.name, action.value)
+
+    async def _create(self, key: JobKey, job: JobSpec) -> None:
+        priority = None
+        if job.priority_class is not None:
+            priority = await self.kube.workload_priority(job.priority_class)
+            if priority is None:  # retried at the slow resync, like any permanent error
+                raise PermanentError(
+                    f"WorkloadPriorityClass {job.priority_class} (label "
+                    f"{KueueLabel.PRIORITY_CLASS.value}) does not exist"
+                )
+        created = await self.kube.create_workload(queueing.workload(job, priority))
+        if created is not None:
+            self.objects[key] = created
