@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import NoReturn
 
-from torchflex_agent import backends
+from torchflex_agent import backends, pid1
 from torchflex_agent.config import AgentConfig, parse_args, resolve_nproc
 from torchflex_agent.errors import ConfigError, StoreUnavailableError
 from torchflex_contract import env as tfenv
@@ -78,6 +78,8 @@ def _run_agent(config: AgentConfig, environ: Mapping[str, str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    # A container's PID 1 must reap orphans; the agent's own waits must not race it.
+    pid1.become_init_if_pid1()
     if args and args[0] == "store":
         logging.basicConfig(level=logging.INFO, format="[torchflex-store] %(message)s")
         from torchflex_agent.store_server import main as store_main
