@@ -37,9 +37,12 @@ OPERATOR_REPOSITORY = "torchflex-operator"
 AGENT_REPOSITORY = "torchflex-agent"
 # torch from PyPI, the CUDA build: the agent Dockerfile's default (CPU wheels) is unreachable here.
 PYPI_SIMPLE = "https://pypi.org/simple"
-BASE_IMAGE = "torchflex.local/python:3.11-" + re.sub(
-    r"[^A-Za-z0-9_.-]", "-", VERSIONS["PYTHON_DEB_VERSION"]
+# The base's pins name it (root filesystem tarball and image tag): a new pin, a new base.
+_BASE_KEY = "_".join(
+    re.sub(r"[^A-Za-z0-9_.-]", "-", VERSIONS[key])
+    for key in ("PYTHON_DEB_VERSION", "LIBSTDCXX_DEB_VERSION")
 )
+BASE_IMAGE = f"torchflex.local/python:3.11-{_BASE_KEY}"
 
 
 class ImageBuildError(RuntimeError):
@@ -66,8 +69,7 @@ class PushedImage:
 
 def base_rootfs(bin_dir: Path) -> Path:
     """Where ``build.sh --real-nodes`` wrote the mmdebstrap root filesystem."""
-    version = re.sub(r"[^A-Za-z0-9._-]", "-", VERSIONS["PYTHON_DEB_VERSION"])
-    return bin_dir / f"base-python3.11_{version}.tar"
+    return bin_dir / f"base-python3.11_{_BASE_KEY}.tar"
 
 
 def _buildah(

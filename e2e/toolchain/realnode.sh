@@ -87,18 +87,19 @@ build_registry() {
 
 # The images' base, in place of python:3.11-slim (no registry to pull it
 # from): mmdebstrap's "essential" bookworm (no apt, no init) plus Debian's
-# python3.11, its venv module and the `python` name the Dockerfiles call;
-# docs, man pages and locales left out. A root filesystem tarball; the
+# python3.11, its venv module and the `python` name the Dockerfiles call,
+# and libstdc++6 (torch needs it; slim has it as apt's dependency); docs, man
+# pages and locales left out. A root filesystem tarball; the
 # harness turns it into an image in the slot's own buildah storage.
 build_base_rootfs() {
-  local out="$bin_dir/base-python3.11_${PYTHON_DEB_VERSION//[^A-Za-z0-9._-]/-}.tar"
+  local out="$bin_dir/base-python3.11_${PYTHON_DEB_VERSION//[^A-Za-z0-9._-]/-}_${LIBSTDCXX_DEB_VERSION//[^A-Za-z0-9._-]/-}.tar"
   [[ -s "$out" ]] && return 0
   log "building the python3.11 base root filesystem with mmdebstrap"
   local exclude=() d
   for d in doc man locale info; do exclude+=("--dpkgopt=path-exclude=/usr/share/$d/*"); done
   # stdin closed: mmdebstrap reads sources from a stdin that is not a tty.
   SOURCE_DATE_EPOCH=0 mmdebstrap --quiet --variant=essential --format=tar \
-    --include="python3.11=${PYTHON_DEB_VERSION},python3.11-venv=${PYTHON_DEB_VERSION},python-is-python3,ca-certificates" \
+    --include="python3.11=${PYTHON_DEB_VERSION},python3.11-venv=${PYTHON_DEB_VERSION},python-is-python3,ca-certificates,libstdc++6=${LIBSTDCXX_DEB_VERSION}" \
     "${exclude[@]}" bookworm "$out.tmp" \
     "deb http://deb.debian.org/debian bookworm main" \
     "deb http://deb.debian.org/debian bookworm-updates main" \
