@@ -40,9 +40,9 @@ PYPI_SIMPLE = "https://pypi.org/simple"
 # The base's pins name it (root filesystem tarball and image tag): a new pin, a new base.
 _BASE_KEY = "_".join(
     re.sub(r"[^A-Za-z0-9_.-]", "-", VERSIONS[key])
-    for key in ("PYTHON_DEB_VERSION", "LIBSTDCXX_DEB_VERSION")
+    for key in ("LIBSTDCXX_DEB_VERSION", "PYTHON_DEB_VERSION")
 )
-BASE_IMAGE = f"torchflex.local/python:3.11-{_BASE_KEY}"
+BASE_IMAGE = f"torchflex.local/python:3.11-libstdcxx-{_BASE_KEY}"
 
 
 class ImageBuildError(RuntimeError):

@@ -92,7 +92,7 @@ build_registry() {
 # pages and locales left out. A root filesystem tarball; the
 # harness turns it into an image in the slot's own buildah storage.
 build_base_rootfs() {
-  local out="$bin_dir/base-python3.11_${PYTHON_DEB_VERSION//[^A-Za-z0-9._-]/-}_${LIBSTDCXX_DEB_VERSION//[^A-Za-z0-9._-]/-}.tar"
+  local out="$bin_dir/base-python3.11_${LIBSTDCXX_DEB_VERSION//[^A-Za-z0-9._-]/-}_${PYTHON_DEB_VERSION//[^A-Za-z0-9._-]/-}.tar"
   [[ -s "$out" ]] && return 0
   log "building the python3.11 base root filesystem with mmdebstrap"
   local exclude=() d
