@@ -159,14 +159,24 @@ def start(lay: Layout, bin_dir: Path) -> int:
                 "sh", "-c", 'mount --bind "$0" /etc && exec "$@"', str(etc), *argv]  # fmt: skip
     pid = processes.spawn(NAME, launcher, lay.pids, lay.logs)
     (lay.pids / f"{NAME}.json").write_text(json.dumps({"pid": pid, "argv": argv}))
-    _wait_ready(lay, health)
+    _wait_ready(lay, pid, health)
     return pid
 
 
-def _wait_ready(lay: Layout, health_port: int) -> None:
+def _exited(pid: int) -> bool:
+    """Gone or a zombie. (Until unshare and sh have exec'd into Kueue its command line
+    is not yet the recorded one, so ``running`` cannot tell a slow start from an exit.)"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def _wait_ready(lay: Layout, pid: int, health_port: int) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if not running(lay):
+        if _exited(pid):
             raise KueueError(f"kueue exited\n{processes.exit_status_hint(lay.logs, NAME, 30)}")
         try:
             url = f"http://127.0.0.1:{health_port}/readyz"
