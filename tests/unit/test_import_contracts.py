@@ -6,7 +6,7 @@ added, to show each rule catches the import it is there for (a pure
 operator module reaching for kopf or the clock, directly or through a chain;
 the agent's decision module importing ``workers`` as ``restart_policy`` once
 did; its flag parsing reaching a store client, as ``config`` once did through
-``backends``; an agent module other than ``rendezvous`` naming store keys). A
+``backends``; an agent module other than the rendezvous's two naming store keys). A
 contract weakened by a typo or an option would pass ``lint-imports``
 silently; here it fails.
 """
@@ -102,7 +102,8 @@ def test_each_contract_breaks_on_the_import_it_forbids(
     assert not _kept(name, (importer, imported))
 
 
-def test_the_rendezvous_itself_may_name_store_keys() -> None:
-    edge = ("torchflex_agent.rendezvous", "torchflex_contract.store_keys")
+@pytest.mark.parametrize("module", ["torchflex_agent.rendezvous", "torchflex_agent.rdzv_records"])
+def test_the_rendezvous_itself_may_name_store_keys(module: str) -> None:
+    edge = (module, "torchflex_contract.store_keys")
     assert _graph().direct_import_exists(importer=edge[0], imported=edge[1])
     assert _kept(STORE_KEYS, edge)
