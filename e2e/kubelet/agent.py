@@ -22,6 +22,7 @@ real kubelet after a node reboot: its containers are gone
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -57,14 +58,31 @@ LOST_REASON = "ContainerStatusUnknown"
 LOST_MESSAGE = "The container could not be located when the kubelet restarted"
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one kubelet process's nodes and pods sit among the others' (``__main__``)."""
+
+    first_host: int = 1
+    first_pod_ip: int = 2
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    provider_id: str = ""
+
+
 class Kubelet:
     def __init__(
-        self, api: client.ApiClient, nodes: list[str], state_dir: Path, api_port: int
+        self,
+        api: client.ApiClient,
+        nodes: list[str],
+        state_dir: Path,
+        api_port: int,
+        placement: Placement | None = None,
     ) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.fetch = fetch.ApiFetcher(self.core)
-        self.nodes = {n: f"{PROCESS_NODE_IP_PREFIX}.{i + 1}" for i, n in enumerate(nodes)}
+        self.placement = placement or Placement()
+        first = self.placement.first_host
+        self.nodes = {n: f"{PROCESS_NODE_IP_PREFIX}.{i + first}" for i, n in enumerate(nodes)}
         self.state_dir = state_dir
         self.api_port = api_port
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -106,7 +124,14 @@ class Kubelet:
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
-        heartbeat = NodeHeartbeat(self.api, self.nodes, self.stop, PROCESS_NODE_LABEL)
+        heartbeat = NodeHeartbeat(
+            self.api,
+            self.nodes,
+            self.stop,
+            PROCESS_NODE_LABEL,
+            extra_labels=self.placement.labels,
+            provider_id=self.placement.provider_id,
+        )
         heartbeat.register()
         threading.Thread(target=heartbeat.loop, daemon=True).start()
         self._link_image_tools()
@@ -233,7 +258,8 @@ class Kubelet:
         # one); a new pod takes the lowest free one.
         index = network.pod_ip_index(pod.get("status", {}).get("podIP") or "")
         if index is None or index in self.used_ips:
-            index = next(i for i in range(2, 65000) if i not in self.used_ips)
+            first = self.placement.first_pod_ip
+            index = next(i for i in range(first, 65000) if i not in self.used_ips)
         self.used_ips.add(index)
         rt = PodRuntime(
             uid=uid,

@@ -48,10 +48,14 @@ class NodeHeartbeat:
         nodes: dict[str, str],
         stop: threading.Event,
         label: str,
+        *,
+        extra_labels: dict[str, str] | None = None,
+        provider_id: str = "",
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.coord = client.CoordinationV1Api(api)
         self.nodes, self.stop, self.label = nodes, stop, label
+        self.extra_labels, self.provider_id = extra_labels or {}, provider_id
 
     def node_status(self, ip: str, name: str) -> dict[str, Any]:
         now = _now()
@@ -97,7 +101,7 @@ class NodeHeartbeat:
 
     def register(self) -> None:
         for name, ip in self.nodes.items():
-            body = {
+            body: dict[str, Any] = {
                 "apiVersion": "v1",
                 "kind": "Node",
                 "metadata": {
@@ -107,9 +111,12 @@ class NodeHeartbeat:
                         "kubernetes.io/os": "linux",
                         "kubernetes.io/arch": "amd64",
                         self.label: "process",
+                        **self.extra_labels,
                     },
                 },
             }
+            if self.provider_id:  # a test-cloud node: the autoscaler matches it by this
+                body["spec"] = {"providerID": self.provider_id}
             with contextlib.suppress(client.ApiException):
                 self.core.create_node(body)  # type: ignore[arg-type]
             self.beat(name, ip)

@@ -99,6 +99,29 @@ build_kueue() {
   mv "$out.tmp" "$out"
 }
 
+# cluster-autoscaler (externalgrpc cloud provider only) and the test cloud's gRPC
+# bridge (autoscaler/testcloud, our code: its file name carries the hash of its
+# source, so an edit builds anew). The wrapper module in autoscaler/ copies the
+# replace directives of cluster-autoscaler's go.mod; its go.sum pins the hashes
+# the checksum database lacks (the autoscaler's pseudo-versions are not in it).
+build_autoscaler() {
+  local out="$bin_dir/cluster-autoscaler-${CLUSTER_AUTOSCALER_VERSION}" src_hash cloud
+  src_hash="$(cat "$here/autoscaler/go.mod" "$here/autoscaler/go.sum" "$here/autoscaler/testcloud/main.go" | sha256sum | cut -c1-12)"
+  cloud="$bin_dir/autoscaler-testcloud-$src_hash"
+  [[ -x "$out" && -x "$cloud" ]] && return 0
+  grep -q "k8s.io/autoscaler/cluster-autoscaler ${CLUSTER_AUTOSCALER_VERSION}\$" "$here/autoscaler/go.mod" \
+    || { log "autoscaler/go.mod does not pin cluster-autoscaler ${CLUSTER_AUTOSCALER_VERSION}"; return 1; }
+  if [[ ! -x "$out" ]]; then
+    log "building cluster-autoscaler ${CLUSTER_AUTOSCALER_VERSION} (cold: ~10 minutes on 2 cores)"
+    (cd "$here/autoscaler" && go build -tags externalgrpc -ldflags "-s -w" -o "$out.tmp" \
+      k8s.io/autoscaler/cluster-autoscaler)
+    mv "$out.tmp" "$out"
+  fi
+  log "building the autoscaler test cloud ($src_hash)"
+  (cd "$here/autoscaler" && go build -ldflags "-s -w" -o "$cloud.tmp" ./testcloud)
+  mv "$cloud.tmp" "$cloud"
+}
+
 # kwok and helm have no replace directives, so `go install pkg@version` works.
 go_install() {
   local name="$1" pkg="$2"
@@ -142,6 +165,7 @@ go_install kwok "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" "-X sigs.k8s.io/kwok
 go_install kwokctl "sigs.k8s.io/kwok/cmd/kwokctl@${KWOK_VERSION}" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}"
 build_helm
 build_knp
+build_autoscaler
 build_kueue
 if (( real_nodes )); then
   # shellcheck source=realnode.sh

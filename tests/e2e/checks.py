@@ -119,6 +119,19 @@ def wait_reformed(follower: LogFollower, after_round: int, timeout_s: float) -> 
     return found
 
 
+def assert_no_step_lost(follower: LogFollower, round_at_evict: int) -> None:
+    """After a worker left on SIGTERM in ``round_at_evict``: every rank stopped at the
+    same step and rank 0 saved it, so the next round resumes from exactly the last
+    step the old round trained (nothing lost, nothing redone)."""
+    trained = max(ln.step for ln in follower.lines("step") if ln.round == round_at_evict)
+    saved = [ln.step for ln in follower.lines("checkpoint") if ln.round == round_at_evict]
+    assert saved and max(saved) == trained, f"trained to {trained}, saved {saved}"
+    resumed = [ln.step for ln in follower.lines("resumed") if ln.round > round_at_evict]
+    assert resumed and resumed[0] == trained, f"trained to {trained}, resumed from {resumed}"
+    first_after = min(ln.step for ln in follower.lines("step") if ln.round > round_at_evict)
+    assert first_after == trained + 1, f"steps lost or redone: next step {first_after}"
+
+
 def assert_progress_sound(follower: LogFollower) -> None:
     follower.poll()
     problems = progress_violations(follower.lines())

@@ -19,6 +19,7 @@ from e2e.trainlog import LogFollower
 from e2e.workload import PROCESS_NODE, TrainingJob, apply, get_job, running_workers, worker_pods
 from tests.e2e.buggy_train import MARKER
 from tests.e2e.checks import (
+    assert_no_step_lost,
     assert_progress_sound,
     checkpoint_step,
     current_round,
@@ -124,13 +125,7 @@ def test_spot_preemption_loses_no_steps_and_grows_back(
     wait_world(follower, 2, t_evict, 120, min_round=round_at_evict + 1)
     # Every rank stopped at the same step on SIGTERM and rank 0 saved it: the
     # new round resumes from exactly the last step the old round trained.
-    trained = max(ln.step for ln in follower.lines("step") if ln.round == round_at_evict)
-    saved = [ln.step for ln in follower.lines("checkpoint") if ln.round == round_at_evict]
-    assert saved and max(saved) == trained, f"trained to {trained}, saved {saved}"
-    resumed = [ln.step for ln in follower.lines("resumed") if ln.round > round_at_evict]
-    assert resumed and resumed[0] == trained, f"trained to {trained}, resumed from {resumed}"
-    first_after = min(ln.step for ln in follower.lines("step") if ln.round > round_at_evict)
-    assert first_after == trained + 1, f"steps lost or redone: next step {first_after}"
+    assert_no_step_lost(follower, round_at_evict)
     wait_for(
         lambda: any(
             p["metadata"]["name"] == "spot-worker-2"
