@@ -24,6 +24,7 @@ BENCHMARKS: tuple[str, ...] = (
     "goodput",
     "recovery_cluster",
     "operator_scale",
+    "autoscaler",
 )
 
 

@@ -11,7 +11,15 @@ import pytest
 from benchmarks import report
 from benchmarks.cli import BenchCli, command, positive_float
 
-MAINS = ("rendezvous", "recovery", "preemption", "goodput", "recovery_cluster", "operator_scale")
+MAINS = (
+    "rendezvous",
+    "recovery",
+    "preemption",
+    "goodput",
+    "recovery_cluster",
+    "operator_scale",
+    "autoscaler",
+)
 
 
 def _cli(**kwargs: str | None) -> BenchCli:
