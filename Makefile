@@ -48,8 +48,10 @@ cluster: venv toolchain ## start (or reuse) the local control plane; prints the 
 cluster-down: venv ## stop the local control plane and remove its state
 	@$(PY) -m e2e.cluster down
 
-demo: venv toolchain ## the main job: an elastic training demo on the local control plane
-	@$(PY) -m e2e.demo
+# NODES=real: the same walkthrough on a real node (kubelet + containerd) with the project's images.
+NODES ?= process
+demo: venv toolchain $(if $(filter real,$(NODES)),real-node-toolchain) ## the main job: an elastic training demo on the local control plane (NODES=real: on a real node)
+	@$(PY) -m e2e.demo --nodes $(NODES)
 
 bench: venv toolchain ## every benchmark; writes benchmarks/RESULTS.md
 	@$(PY) -m benchmarks

@@ -8,15 +8,21 @@ ej`` and the step/loss lines live, SIGKILLs one worker pod's agent and
 workers (a machine dying), reports how long the survivors took to train
 again and the group to grow back, and ends with the job ``Succeeded``.
 Every wait is bounded; on any failure it prints where to look and exits 1.
+``--nodes real`` (``make demo NODES=real``) tells the same story on a real
+node with the project's images (``e2e.demo_real``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+from e2e import demo_real
 from e2e.cluster import Cluster, ensure_up
 from e2e.cluster.layout import state_dir
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes
@@ -37,12 +43,26 @@ def say(text: str) -> None:
 
 
 class Demo:
-    def __init__(self, cluster: Cluster, steps: int, timeout_s: float) -> None:
+    """The story; ``job``, ``pod_logs`` and ``kill`` say where it runs (the process
+    kubelet, or a real node: e2e.demo_real)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        job: TrainingJob,
+        timeout_s: float,
+        *,
+        pod_logs: Path,
+        kill: Callable[[str], list[str]],
+        start_limit_s: float = 240,
+    ) -> None:
         self.cluster = cluster
-        self.steps = steps
+        self.job = job
+        self.steps = job.steps
         self.deadline = time.monotonic() + timeout_s
-        self.ckpt = cluster.layout.root / "ckpt" / NAMESPACE
-        self.follower = LogFollower(cluster.layout.pods, NAMESPACE)
+        self.kill = kill
+        self.start_limit_s = start_limit_s
+        self.follower = LogFollower(pod_logs, NAMESPACE)
         self._last_table = ""
         self._last_step_shown = 0
 
@@ -69,8 +89,17 @@ class Demo:
             self.show()
             if done():
                 return time.monotonic()
+            # The table's PHASE column: a failed job ends the demo now, not at the limit.
+            if Phase.FAILED in self._last_table.split():
+                self.fail_with_reason()
             time.sleep(0.2)
         raise DemoError(f"timed out waiting for {what}")
+
+    def fail_with_reason(self) -> None:
+        conds = get_job(self.cluster, NAMESPACE, JOB)["status"].get("conditions") or []
+        failed = [c for c in conds if c.get("type") == ConditionType.FAILED]
+        why = failed[0].get("message", "") if failed else ""
+        raise DemoError(f"the job ended {self.phase()}: {why}")
 
     def phase(self) -> str:
         status = get_job(self.cluster, NAMESPACE, JOB).get("status") or {}
@@ -90,11 +119,12 @@ class Demo:
             f"3/6 applying ElasticJob '{JOB}': min 2, max 3 pods, c10d rendezvous, "
             f"{self.steps} steps of examples/train_elastic.py, checkpoint every 10 steps"
         )
-        job = TrainingJob(JOB, self.ckpt, min_replicas=2, max_replicas=3, steps=self.steps)
-        apply(self.cluster, NAMESPACE, job.manifest())
+        apply(self.cluster, NAMESPACE, self.job.manifest())
         t_apply = time.monotonic()
         t_world3 = self.wait(
-            "3 workers training", lambda: self.first_step_after(t_apply, 3) is not None, 240
+            "3 workers training",
+            lambda: self.first_step_after(t_apply, 3) is not None,
+            self.start_limit_s,
         )
         say(
             f"4/6 training with world size 3 ({t_world3 - t_apply:.1f} s after apply, "
@@ -105,9 +135,9 @@ class Demo:
         victim = f"{JOB}-worker-1"
         say(f"5/6 killing {victim}: SIGKILL of its agent and workers, like a machine dying")
         round_at_kill = max(s.round for s in self.follower.lines("step"))
-        pids = sigkill_pod_processes(NAMESPACE, victim)
+        killed = self.kill(victim)
         t_kill = time.monotonic()
-        if not pids:
+        if not killed:
             raise DemoError(f"found no processes of {victim}")
         at_step = self.follower.last_step()
 
@@ -141,10 +171,7 @@ class Demo:
 
         self.wait("the job to finish", lambda: Phase(self.phase() or "Pending").finished, 600)
         if self.phase() != Phase.SUCCEEDED:
-            conds = get_job(self.cluster, NAMESPACE, JOB)["status"].get("conditions") or []
-            failed = [c for c in conds if c.get("type") == ConditionType.FAILED]
-            why = failed[0].get("message", "") if failed else ""
-            raise DemoError(f"the job ended {self.phase()}: {why}")
+            self.fail_with_reason()
         self.follower.poll()
         problems = progress_violations(self.follower.lines())
         status = get_job(self.cluster, NAMESPACE, JOB)["status"]
@@ -165,28 +192,63 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument("--timeout", type=float, default=900, help="overall limit in seconds")
     p.add_argument("--keep", action="store_true", help="leave the demo namespace in place")
+    p.add_argument(
+        "--nodes",
+        choices=["process", "real"],
+        default="process",
+        help="where the pods run: the process kubelet (default) or a real node (kubelet + "
+        "containerd, the project's images; e2e.demo_real)",
+    )
     args = p.parse_args(argv)
     if args.steps < 60:
         p.error("--steps must be >= 60 (the kill happens at step 40)")
 
     t0 = time.monotonic()
+    nodes = "a process kubelet" if args.nodes == "process" else "a real node (kubelet + containerd)"
     say(
         f"1/6 local control plane (real kube-apiserver, etcd, scheduler, controller-manager "
-        f"and a process kubelet) in {state_dir()}"
+        f"and {nodes}) in {state_dir()}"
     )
     cluster = ensure_up()
+    real = None
+    if args.nodes == "real":
+        say("    the real node, the local registry, the project's images from docker/ (buildah)")
+        real = demo_real.prepare(cluster)
+        say(f"    operator image {demo_real.describe(real.operator)}")
+        say(f"    agent image {demo_real.describe(real.agent)}")
     say(f"    ready in {time.monotonic() - t0:.0f} s; KUBECONFIG={cluster.kubeconfig}")
-    say("2/6 installing the ElasticJob CRD and starting torchflex-operator")
     apply_crd(cluster)
     cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s")
     cluster.kubectl("create", "namespace", NAMESPACE)
     ckpt = cluster.layout.root / "ckpt" / NAMESPACE
     shutil.rmtree(ckpt, ignore_errors=True)
     ckpt.mkdir(parents=True)
-    log = cluster.layout.logs / "operator-demo.log"
-    op = OperatorProcess(cluster.kubeconfig, [NAMESPACE], log).start()
-    say(f"    operator pid {op.proc.pid if op.proc else '?'}, log {log}")
-    demo = Demo(cluster, args.steps, args.timeout)
+    job = TrainingJob(JOB, ckpt, min_replicas=2, max_replicas=3, steps=args.steps)
+    stop: Callable[[], None]
+    if real is None:
+        say("2/6 installing the ElasticJob CRD and starting torchflex-operator")
+        log = cluster.layout.logs / "operator-demo.log"
+        op = OperatorProcess(cluster.kubeconfig, [NAMESPACE], log).start()
+        say(f"    operator pid {op.proc.pid if op.proc else '?'}, log {log}")
+        stop, logs = op.stop, f"operator log: {log}; pod logs: {cluster.layout.pods}/{NAMESPACE}_*"
+        demo = Demo(cluster, job, args.timeout, pod_logs=cluster.layout.pods, kill=kill_processes)
+    else:
+        say(f"2/6 installing the ElasticJob CRD and torchflex-operator: helm install, {NAMESPACE}")
+        demo_real.checkpoint_dir(ckpt)
+        release = demo_real.OperatorRelease(cluster, NAMESPACE, real.operator)
+        release.install()
+        stop = release.uninstall
+        logs = f"operator: kubectl logs -n {NAMESPACE} deploy/{demo_real.RELEASE}; pod logs: "
+        logs += str(real.node.paths.pod_logs)
+        job = dataclasses.replace(job, image=real.agent.reference, node=real.node.name)
+        pod_logs = real.node.paths.pod_logs
+
+        def kill(pod: str) -> list[str]:
+            assert real is not None
+            return demo_real.kill_pod_containers(cluster, real.node, NAMESPACE, pod)
+
+        # The first start pulls the agent image (GBs) onto the node.
+        demo = Demo(cluster, job, args.timeout, pod_logs=pod_logs, kill=kill, start_limit_s=600)
     rc = 0
     try:
         with demo.follower:
@@ -195,9 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DemoError, KeyboardInterrupt) as exc:
         rc = 1
         say(f"FAILED: {exc}")
-        say(f"    operator log: {log}; pod logs: {cluster.layout.pods}/{NAMESPACE}_*")
+        say(f"    {logs}")
     finally:
-        op.stop()
+        stop()
         if not args.keep:
             cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
     say(
@@ -205,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         f"(make cluster-down stops it)"
     )
     return rc
+
+
+def kill_processes(pod: str) -> list[str]:
+    """The process kubelet's pod: SIGKILL its agent and workers."""
+    return [str(pid) for pid in sigkill_pod_processes(NAMESPACE, pod)]
 
 
 def _wait_sa(cluster: Cluster) -> None:

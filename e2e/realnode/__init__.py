@@ -6,8 +6,9 @@ Rooms: ``plan`` (pure: names, addresses, paths and every config file's
 text), ``images`` (OCI image tarballs built here: pause, busybox),
 ``node`` (acts: certificates, daemons, image import, tear-down),
 ``__main__`` (``python -m e2e.realnode up|down``). Beside the process
-kubelet, never instead of it: ``tests/realnode`` (in ``make test``) and
-``python -m e2e.realnode`` start it;
+kubelet, never instead of it: ``tests/realnode`` (in ``make test``),
+``make demo NODES=real`` (``e2e.demo_real``) and ``python -m e2e.realnode``
+start it;
 ``e2e.cluster``'s tear-down removes it (a no-op when none runs).
 """
 
