@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from types import FrameType
 
 from torchflex_contract import env as tfenv
@@ -23,8 +24,25 @@ from torchflex_contract.exit_codes import ExitCode
 
 log = logging.getLogger(__name__)
 
+RESOLVER_OPTIONS = "timeout:1 attempts:1"
+"""glibc's ``RES_OPTIONS`` for the store process (read when its resolver first runs).
+
+torch's TCPStore server looks up each accepted peer's name (reverse DNS, for its
+log) on its one event-loop thread, so a lost answer stalls every client: with
+glibc's default (5 s, 2 tries) the store froze 5 s at a time while 1,024
+agents connected, past any in-flight call's 2 s deadline. One 1 s try bounds
+that where the store runs outside the operator's pod (whose resolver,
+loopback, fails at once: ``backends.STORE_DNS``)."""
+
+
+def resolver_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables to set before the store starts: ``RES_OPTIONS`` unless the caller set it."""
+    return {} if "RES_OPTIONS" in environ else {"RES_OPTIONS": RESOLVER_OPTIONS}
+
 
 def serve(host: str, port: int) -> int:
+    # Before the TCPStore exists: its loop thread initialises the resolver.
+    os.environ.update(resolver_env(os.environ))
     from torch._C._distributed_c10d import TCPStore
 
     stopping = False

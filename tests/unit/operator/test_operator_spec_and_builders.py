@@ -105,6 +105,10 @@ def test_store_pod_and_services() -> None:
     assert "limits" not in store["resources"]
     assert store["livenessProbe"]["tcpSocket"]["port"] == store["ports"][0]["containerPort"]
     assert store["readinessProbe"]["tcpSocket"]["port"] == store["ports"][0]["containerPort"]
+    # Its resolver is loopback: torch's server looks up every accepted peer on
+    # its one loop thread, and a lookup must fail at once, never wait on DNS.
+    assert pod["spec"]["dnsPolicy"] == "None"
+    assert pod["spec"]["dnsConfig"]["nameservers"] == ["127.0.0.1"]
     svcs = builders.services(job())
     assert all(s["spec"]["clusterIP"] == "None" for s in svcs)
     assert all(s["spec"]["publishNotReadyAddresses"] for s in svcs)

@@ -1,0 +1,149 @@
+"""The store server looks up every accepted connection's peer: why its pod's resolver is loopback.
+
+torch's TCPStore server looks up each accepted peer's name (reverse DNS, for
+its log) on its one event-loop thread, before it serves that connection: each
+agent's connect costs the store a DNS round trip, and a lost answer stalls
+every client of the store while the resolver waits (glibc's default: 5 s,
+2 tries). At 1,024 agents that froze the store past the agents' 2 s call
+deadline. The operator's store pod therefore resolves through loopback,
+where nothing answers and a lookup fails at once (``backends.STORE_DNS``,
+unit-tested with the manifests), and ``torchflex-agent store`` run anywhere
+else makes a lookup one 1 s try (``store_server.RESOLVER_OPTIONS``).
+
+Here the store runs in a private mount namespace whose resolv.conf names a
+DNS server this test runs on a loopback address; it answers every query "no
+such name", as the machine's resolver does for 127.0.0.1, and counts them.
+Clients run with a resolver that refuses at once (nothing listens on
+theirs), so only the store's queries are counted and none leaves the machine.
+Needs root (a mount namespace, port 53).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.localproc import stop_process
+from tests.integration.agent.tfagent_helpers import AGENT_BIN, PYTHON, spawn
+
+# Loopback addresses of this test's own: the store's DNS server, and one
+# nobody listens on for the clients (their lookups are refused at once).
+STORE_DNS = "127.53.18.1"
+CLIENT_DNS = "127.53.18.2"
+CLIENTS = 3
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare(1): a private mount namespace and port 53",
+)
+
+
+class NxDomainDns:
+    """A UDP server on ``STORE_DNS``:53 that counts queries and answers each NXDOMAIN."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((STORE_DNS, 53))
+        self.sock.settimeout(0.2)
+        self.queries = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                query, peer = self.sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            with self._lock:
+                self.queries += 1
+            if len(query) >= 12:
+                # Same id and question; flags: a response, recursion
+                # available, rcode 3 (no such name); no records.
+                self.sock.sendto(query[:2] + b"\x81\x83" + query[4:], peer)
+
+    def count(self) -> int:
+        with self._lock:
+            return self.queries
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def _in_namespace(conf: Path, cmd: list[str]) -> list[str]:
+    """``cmd`` with ``conf`` bind-mounted over /etc/resolv.conf in a private mount namespace."""
+    script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+    # The store's own setting is under test: nothing inherited may stand in for it.
+    return [
+        "unshare",
+        "--mount",
+        "--",
+        "sh",
+        "-c",
+        script,
+        str(conf),
+        "env",
+        "-u",
+        "RES_OPTIONS",
+        *cmd,
+    ]
+
+
+@pytest.fixture()
+def dns() -> Iterator[NxDomainDns]:
+    server = NxDomainDns()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _connect_once(conf: Path, port: int) -> str:
+    code = (
+        "from torchflex_agent.store_tcp import TCPKVStore\n"
+        f"s = TCPKVStore('127.0.0.1', {port}, connect_timeout=30.0)\n"
+        "s.set('k', b'v')\n"
+        "print(s.get('k'))\n"
+    )
+    out = subprocess.run(
+        _in_namespace(conf, [PYTHON, "-c", code]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_the_store_looks_up_every_connection(dns: NxDomainDns, tmp_path: Path) -> None:
+    store_conf = tmp_path / "store-resolv.conf"
+    store_conf.write_text(f"nameserver {STORE_DNS}\n")
+    client_conf = tmp_path / "client-resolv.conf"
+    client_conf.write_text(f"nameserver {CLIENT_DNS}\noptions attempts:1 timeout:1\n")
+    cmd = [AGENT_BIN, "store", "--host", "127.0.0.1", "--port", "0"]
+    log = spawn(_in_namespace(store_conf, cmd), "store")
+    try:
+        _, line = log.wait_for(lambda s: "listening on" in s, 60)
+        port = int(line.rsplit(":", 1)[1])
+        # The loop thread serves a connection only after its lookup of the
+        # peer was answered (and counted here), one connection at a time:
+        # after this first client's reply, the start-up's lookups are counted.
+        assert _connect_once(client_conf, port) == "b'v'"
+        before = dns.count()
+        replies = [_connect_once(client_conf, port) for _ in range(CLIENTS)]
+        assert replies == ["b'v'"] * CLIENTS
+        assert dns.count() - before == CLIENTS
+    finally:
+        stop_process(log.proc)
