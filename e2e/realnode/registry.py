@@ -26,6 +26,9 @@ from e2e.realnode.plan import NodePaths
 from e2e.toolchain.versions import VERSIONS
 
 NAME = "registry"
+# Where the images' state lives instead of <cluster state dir>/images (.ci/run sets it,
+# see ImagesPaths.of).
+IMAGES_DIR_ENV = "TORCHFLEX_IMAGES_DIR"
 
 
 class RegistryError(RuntimeError):
@@ -41,7 +44,11 @@ class ImagesPaths:
 
     @classmethod
     def of(cls, cluster_root: Path) -> ImagesPaths:
-        return cls(cluster_root / "images")
+        # CI runs from a fresh clone each time: with TORCHFLEX_IMAGES_DIR outside it, the
+        # next run reuses buildah's layers (the agent image's torch layer is GBs and
+        # minutes of pip) and the registry's blobs instead of building them again.
+        given = os.environ.get(IMAGES_DIR_ENV)
+        return cls(Path(given) if given else cluster_root / "images")
 
     @property
     def registry_data(self) -> Path:
