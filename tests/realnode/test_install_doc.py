@@ -108,7 +108,10 @@ def test_the_install_section_runs_as_written_and_the_operator_runs_the_pushed_im
     helm_env: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    settings, build, install, check = install_blocks(DOC.read_text())
+    blocks = install_blocks(DOC.read_text())
+    # The section's shape this test follows: settings, build, install, check.
+    assert len(blocks) == 4, f"docs/operations.md's Install has {len(blocks)} bash blocks"
+    settings, build, install, check = blocks
     given = {"REGISTRY": operator_pushed.address, "TAG": operator_pushed.tag}
     assert re.findall(r"^(\w+)=", settings, re.M) == list(given), settings
 
