@@ -80,7 +80,7 @@ def _modules(package: Path) -> set[str]:
 
 
 def _named_in(doc: Path) -> set[str]:
-    return set(re.findall(r"`([a-z_]+\.py)`", doc.read_text()))
+    return set(re.findall(r"`([a-z0-9_]+\.py)`", doc.read_text()))
 
 
 def test_every_product_module_has_its_row_in_the_docs() -> None:
