@@ -2,8 +2,10 @@
 
 Where it sits: beside the ``Reconciler``, which owns one ``Workloads``. kopf's
 watch on Workloads labelled as ours feeds ``seen`` (and wakes the job); a
-pass reads its job's Workload with ``view`` (from that cache, or from the API
-when the watch has not delivered it), plans with ``queueing.gate``, and after
+pass reads its job's Workload with ``view`` (from that cache; from the API
+while Kueue holds the job, when the watch has not delivered it, and once per
+``Settings.queue_poll_s`` while it runs: ``queueing.must_read``), plans with
+``queueing.gate``, and after
 applying the plan calls ``write``, which does what ``queueing.workload_action``
 decided: create the Workload, give an evicted job's quota reservation back,
 or mark it Finished. Decisions stay in ``queueing``; nothing here decides.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,10 +31,13 @@ log = logging.getLogger(__name__)
 
 
 class Workloads:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, poll_s: float) -> None:
         self.kube = kube
+        self.poll_s = poll_s
         self.objects: dict[JobKey, dict[str, Any]] = {}
-        """Latest Workload of each queued job (kopf's watch, or our own writes)."""
+        """Latest Workload of each queued job (kopf's watch, our reads and writes)."""
+        self.read_at: dict[JobKey, float] = {}
+        """When each was last read from the API (``time.monotonic``)."""
 
     def seen(self, kind: str, obj: Mapping[str, Any]) -> JobKey | None:
         """A Workload from the watch: cache it under its job; the job to wake."""
@@ -48,17 +54,25 @@ class Workloads:
 
     def forget(self, key: JobKey) -> None:
         self.objects.pop(key, None)
+        self.read_at.pop(key, None)
 
     async def view(self, key: JobKey, job: JobSpec) -> queueing.WorkloadView | None:
         """A queued job's Workload (None: not queued, or no Workload yet)."""
         if job.queue_name is None:
             return None
         obj = self.objects.get(key)
-        if obj is None:  # before the watch delivered it, or never created
+        cached = None if obj is None else queueing.WorkloadView.parse(obj)
+        read = self.read_at.get(key)
+        age = None if read is None else time.monotonic() - read
+        if queueing.must_read(job, cached, age, self.poll_s):
+            self.read_at[key] = time.monotonic()
             obj = await self.kube.get_workload(key[0], queueing.workload_name(job))
-            if obj is not None:
-                self.objects[key] = obj
-        return None if obj is None else queueing.WorkloadView.parse(obj)
+            if obj is None:
+                self.objects.pop(key, None)
+                return None
+            self.objects[key] = obj
+            cached = queueing.WorkloadView.parse(obj)
+        return cached
 
     async def write(
         self,

@@ -438,6 +438,9 @@ class _Pass:
             lifecycle.hold(self, self.obs.queue)
         else:
             self.decide()
+        if self.obs.queue is not None and not self.finished:
+            # Kueue's word is re-read this often (``queueing.must_read``).
+            self.plan.wake_in(self.settings.queue_poll_s)
         if self.finished:
             phase = self.s.phase.value.lower() if self.s.phase else ""
             training.idle(self, Reason.JOB_FINISHED, f"the job {phase}; nothing runs")

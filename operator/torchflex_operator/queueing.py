@@ -189,6 +189,19 @@ def gate(job: JobSpec, view: WorkloadView | None) -> Gate | None:
     return Gate(Admission.ADMITTED, name, queue, count=count)
 
 
+def must_read(
+    job: JobSpec, cached: WorkloadView | None, age_s: float | None, poll_s: float
+) -> bool:
+    """Whether a pass reads the Workload from the API rather than the watch's cache
+    (read ``age_s`` ago; None: never): when none is cached, while Kueue holds the job,
+    and once per ``poll_s`` while it runs. Admission and eviction are then seen even
+    where the watch could not start (Kueue's CRDs installed after the operator)."""
+    if cached is None or age_s is None or age_s >= poll_s:
+        return True
+    g = gate(job, cached)
+    return g is not None and g.holds
+
+
 def hold_message(g: Gate) -> str:
     """The Suspended condition's message while Kueue holds the job."""
     if g.admission is Admission.EVICTED:

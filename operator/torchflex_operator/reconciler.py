@@ -116,7 +116,7 @@ class Reconciler:
         self._budgets: dict[JobKey, int | None] = {}
         """The ``minAvailable`` this process wrote to each job's PodDisruptionBudget; None:
         deleted (the job finished)."""
-        self.workloads = Workloads(kube)
+        self.workloads = Workloads(kube, settings.queue_poll_s)
         self._gang_asked = asyncio.Lock()
         """Held while discovery is asked: the workers' first passes ask once between them."""
         """The gang ``minCount`` this process wrote to each job's PodGroup (``gang``)."""

@@ -41,6 +41,10 @@ class Settings:
     """A status change that is only training progress is written at most this often."""
     refusal_retry_s: float = 10.0
     """After the API refused a create with a 403 (admission), wait this long to retry."""
+    queue_poll_s: float = 10.0
+    """A queued job (``queueing``) re-reads its Workload at least this often: admission and
+    eviction are seen even where the Workload watch could not start (Kueue installed
+    after the operator)."""
     operator_namespace: str | None = None
     """Where the operator's own pods run (``--operator-pod-namespace``): with
     ``operator_pod_labels`` it names the operator in each job's NetworkPolicy."""

@@ -64,7 +64,15 @@ def queues(cluster: Cluster, namespace: str) -> Iterator[str]:
     try:
         yield cq
     finally:
-        cluster.kubectl("delete", "clusterqueue", cq, "--wait=false", check=False)
+        # While Kueue still runs: the jobs go (their Workloads with them), then the
+        # ClusterQueue, whose finalizer Kueue removes once nothing is admitted in it.
+        for kind, name, ns in (
+            ("elasticjobs", "--all", ["-n", namespace]),
+            ("clusterqueue", cq, []),
+        ):
+            cluster.kubectl(
+                "delete", kind, name, *ns, "--wait=true", "--timeout=60s", check=False, timeout=90
+            )
         kueue.stop(cluster.layout)  # the other scenarios never meet it (its CRDs stay)
 
 
@@ -110,13 +118,10 @@ def _worlds(follower: LogFollower, job: str) -> list[int]:
     return [ln.world for ln in follower.lines("step") if ln.pod.startswith(f"{job}-")]
 
 
-@pytest.mark.usefixtures("operator_proc")
+# Kueue and its CRDs first: the operator then watches Workloads from its start.
+@pytest.mark.usefixtures("queues", "operator_proc")
 def test_partial_admission_preemption_and_readmission(
-    cluster: Cluster,
-    namespace: str,
-    follower: LogFollower,
-    ckpt_dir: Path,
-    queues: str,
+    cluster: Cluster, namespace: str, follower: LogFollower, ckpt_dir: Path
 ) -> None:
     low = TrainingJob("kq-low", ckpt_dir / "low", min_replicas=2, max_replicas=4, steps=400)
     apply(cluster, namespace, _queued(low))

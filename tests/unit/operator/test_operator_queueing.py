@@ -16,6 +16,7 @@ from tests.unit.operator.factories import NAME, NOW, NS, job_obj, observed, pars
 from torchflex_operator import queueing
 from torchflex_operator.planner import plan
 from torchflex_operator.queueing import Admission, WorkloadAction, WorkloadView
+from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 from torchflex_operator.vocabulary import EventReason, KueueLabel, Phase
 
@@ -106,6 +107,26 @@ def test_gate(wl: WorkloadView | None, admission: Admission, count: int) -> None
     assert g is not None
     assert (g.admission, g.count) == (admission, count)
     assert g.holds is (admission is not Admission.ADMITTED)
+
+
+@pytest.mark.parametrize(
+    ("wl", "age", "read"),
+    [(None, 1.0, True), (view(), 1.0, True), (view(*PREEMPTED, count=3), 1.0, True),
+     (RELEASED, 1.0, True), (view(*ADMITTED, count=3), 1.0, False),
+     (view(*ADMITTED, count=3), 10.0, True), (view(*ADMITTED, count=3), None, True)],
+)  # fmt: skip
+def test_when_a_pass_reads_the_workload_from_the_api(
+    wl: WorkloadView | None, age: float | None, read: bool
+) -> None:
+    assert queueing.must_read(queued(), wl, age, 10.0) is read
+
+
+@pytest.mark.parametrize("wl", [view(), view(*ADMITTED, count=3)])
+def test_a_queued_job_looks_again_soon(wl: WorkloadView) -> None:
+    gate = queueing.gate(queued(), wl)
+    result = plan(queued(), parsed({}), observed(queue=gate), NOW)
+    assert result.requeue_after is not None
+    assert result.requeue_after <= Settings().queue_poll_s
 
 
 def test_a_job_without_the_label_is_not_gated() -> None:
