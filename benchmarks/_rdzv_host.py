@@ -4,10 +4,11 @@ Where it sits: the driver starts a few of these (``python -m
 benchmarks._rdzv_host``) and keeps them for the whole run, so no trial pays a
 Python + torch start. It talks JSON lines on stdin/stdout:
 
-- ``{"op": "prepare", "system", "run_id", "n", "count", "port"}``: build
-  ``count`` members of a rendezvous of ``n`` (each with its own store
-  connection, like separate agents), park their threads, answer
-  ``{"ready": true}``;
+- ``{"op": "prepare", "system", "run_id", "n", "count", "port", "op_timeout"}``:
+  build ``count`` members of a rendezvous of ``n`` (each with its own store
+  connection, like separate agents; ``op_timeout``, if not null, is a
+  ``TCPKVStore``'s per-call deadline in place of the agent's), park their
+  threads, answer ``{"ready": true}``;
 - ``{"op": "go", "at": T, "timeout": S}``: at monotonic time ``T`` release
   every parked member at once; answer ``{"members": [...]}`` (see
   ``_rdzv_stats.MemberResult``) once all returned or ``S`` seconds passed;
@@ -59,7 +60,9 @@ class Member:
         self.result = MemberResult(start, time.monotonic(), rank, world)
 
 
-def _torchflex_member(system: str, run_id: str, n: int, port: int, timeout: float) -> Member:
+def _torchflex_member(
+    system: str, run_id: str, n: int, port: int, timeout: float, *, op_timeout: float | None
+) -> Member:
     from torchflex_agent.kvstore import KVStore
     from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousSettings
     from torchflex_agent.rendezvous import Rendezvous
@@ -68,7 +71,11 @@ def _torchflex_member(system: str, run_id: str, n: int, port: int, timeout: floa
     if system == "torchflex-c10d":
         from torchflex_agent.store_tcp import TCPKVStore
 
-        store = TCPKVStore("127.0.0.1", port)
+        store = (
+            TCPKVStore("127.0.0.1", port)
+            if op_timeout is None
+            else TCPKVStore("127.0.0.1", port, op_timeout=op_timeout)
+        )
     else:
         from torchflex_agent.store_etcd import EtcdKVStore
 
@@ -124,11 +131,13 @@ def _torch_member(run_id: str, n: int, port: int, timeout: float) -> Member:
     return Member(join, close)
 
 
-def build(system: str, run_id: str, n: int, port: int, timeout: float) -> Member:
+def build(
+    system: str, run_id: str, n: int, port: int, timeout: float, *, op_timeout: float | None = None
+) -> Member:
     if system == "torch-c10d":
         return _torch_member(run_id, n, port, timeout)
     if system in ("torchflex-c10d", "torchflex-etcd"):
-        return _torchflex_member(system, run_id, n, port, timeout)
+        return _torchflex_member(system, run_id, n, port, timeout, op_timeout=op_timeout)
     raise ValueError(f"unknown system {system!r}")
 
 
@@ -152,7 +161,14 @@ def serve() -> int:
         if op == "prepare":
             go = threading.Event()
             members = [
-                build(cmd["system"], cmd["run_id"], cmd["n"], cmd["port"], cmd["timeout"])
+                build(
+                    cmd["system"],
+                    cmd["run_id"],
+                    cmd["n"],
+                    cmd["port"],
+                    cmd["timeout"],
+                    op_timeout=cmd.get("op_timeout"),
+                )
                 for _ in range(cmd["count"])
             ]
             threads = [threading.Thread(target=m.run, args=(go,), daemon=True) for m in members]

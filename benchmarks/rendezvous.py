@@ -41,15 +41,47 @@ TARGET_N = 64
 # Members are released this long after the last host said ready, so every
 # host is sleeping on the same deadline when it passes.
 _RELEASE_LEAD_S = 0.3
+# Above TORCH_MAX_N a torchflex-c10d member's per-call deadline, in place of the
+# agent's 2 s: the etcd backend's default request timeout. N clients share this
+# machine's 2 cores there, and their own CPU, not the store, is what is late
+# (the section records the store's CPU per trial); why: ``_large_n_note``.
+LARGE_N_OP_TIMEOUT_S = 10.0
+# The resolver the store and the hosts run with (see ``loopback_resolver``).
+_RESOLV_CONF = "nameserver 127.0.0.1\noptions attempts:1 timeout:1\n"
+
+
+def loopback_resolver(cmd: list[str], work: Path) -> list[str]:
+    """``cmd`` run with its /etc/resolv.conf pointing at loopback, as the store pod's is.
+
+    torch's TCPStore looks up every peer's name (server: each accepted client;
+    client: its server) and the operator's store pod answers those at once
+    from a loopback resolver (``backends.STORE_DNS``). Here a private mount
+    namespace gives the process that resolver, so no lookup leaves the
+    machine. Unchanged (``cmd``) where that needs privileges we lack.
+    """
+    unshare = shutil.which("unshare")
+    if os.geteuid() != 0 or unshare is None:
+        return cmd
+    conf = work / "resolv.conf"
+    conf.write_text(_RESOLV_CONF)
+    script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+    return [unshare, "--mount", "--", "sh", "-c", script, str(conf), *cmd]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Host:
     """One member-hosting process and a thread reading its JSON replies."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, work: Path | None = None) -> None:
         self._log = log_path.open("w")
+        cmd = [sys.executable, "-m", "benchmarks._rdzv_host"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks._rdzv_host"],
+            cmd if work is None else loopback_resolver(cmd, work),
             cwd=REPO,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -92,10 +124,11 @@ def run_trial(
     counts = split_members(n, len(hosts))
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
     used = hosts[: len(counts)]
+    op_timeout = LARGE_N_OP_TIMEOUT_S if n > TORCH_MAX_N else None
     for host, count in zip(used, counts, strict=True):
         host.send(
             {"op": "prepare", "system": system, "run_id": run_id, "n": n, "count": count,
-             "port": port, "timeout": timeout}
+             "port": port, "timeout": timeout, "op_timeout": op_timeout}
         )  # fmt: skip
     for host in used:
         host.reply(60 + n)
@@ -121,8 +154,14 @@ def measure(
     sizes: Sequence[int],
     reps: int,
     timeout: float,
+    store_pid: int | None = None,
+    store_cpu: dict[int, list[float]] | None = None,
 ) -> dict[tuple[str, int], list[TrialOutcome]]:
-    """Interleaved: each repetition runs every (size, system), rotating the system order."""
+    """Interleaved: each repetition runs every (size, system), rotating the system order.
+
+    ``store_cpu``, if given, gets the CPU seconds the store process (``store_pid``)
+    used in each torchflex-c10d trial, by N.
+    """
     out: dict[tuple[str, int], list[TrialOutcome]] = {(s, n): [] for s in systems for n in sizes}
     for rep in range(reps):
         for i, n in enumerate(sizes):
@@ -130,7 +169,10 @@ def measure(
             for system in [*systems[k:], *systems[:k]]:
                 if system == "torch-c10d" and n > TORCH_MAX_N:
                     continue
+                before = cpu_seconds(store_pid) if store_pid else 0.0
                 outcome = run_trial(hosts, system, n, ports[system], timeout)
+                if store_pid and store_cpu is not None and system == "torchflex-c10d":
+                    store_cpu.setdefault(n, []).append(cpu_seconds(store_pid) - before)
                 out[(system, n)].append(outcome)
                 shown = (
                     "FAILED: " + str(outcome.problem)
@@ -198,6 +240,8 @@ def body(
     etcd_note: str,
     *,
     load: str = "not recorded.",
+    store_cpu: dict[int, list[float]] | None = None,
+    resolver: str = "",
 ) -> str:
     header = ["N", *SYSTEMS, "torch / torchflex-c10d", "torch / torchflex-etcd"]
     rows = []
@@ -251,23 +295,47 @@ TCPStore client, default timeouts (its last call does not apply with
 min = max), `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (no second store on
 rank 0; torchflex never starts one). Its round-0 join includes torch's own
 random 0-0.3 s start delay and its 1 s polling while the round fills.
-{_large_n_note(sizes, procs)}
+{resolver}
+{_large_n_note(sizes, procs, store_cpu or {})}
 Load. {load}
 
 torch's etcd-v2 backend was not run: {etcd_note}
 """
 
 
-def _large_n_note(sizes: Sequence[int], procs: int) -> str:
+def _large_n_note(sizes: Sequence[int], procs: int, store_cpu: dict[int, list[float]]) -> str:
     large = max(sizes)
     if large <= TORCH_MAX_N:
         return ""
+    cpu = ", ".join(
+        f"N = {n}: {report.summarize(v).fmt('s', 2)}"
+        for n, v in sorted(store_cpu.items())
+        if n > TORCH_MAX_N and v
+    )
     return f"""torch-c10d is not run above N = {TORCH_MAX_N} ("not run"): its handler
 rewrites one shared state blob per join and polls it every second, and at
 N = {large} that would take most of the run's time on this 2-core machine; the
 N = {large} row is for torchflex's two backends. There each of the {procs}
 host processes runs {-(-large // procs)} member threads, each with its own store
 connection (a TCPStore client with its call thread, or an etcd HTTP connection).
+Above N = {TORCH_MAX_N} a torchflex-c10d member's per-call deadline is
+{LARGE_N_OP_TIMEOUT_S:g} s (the etcd backend's default request timeout) instead
+of the agent's 2 s: the N clients' own Python shares these 2 cores (each agent
+has a machine of its own in a job), and with 2 s calls missed their deadline
+while the store sat idle. Store process CPU per torchflex-c10d trial:
+{cpu or "not measured"}.
+"""
+
+
+def _resolver_note(loopback: bool) -> str:
+    if not loopback:
+        return """Resolver. The machine's own: this run lacked the privileges for a private
+mount namespace, so torch's reverse lookups of each peer went to its DNS server.
+"""
+    return """Resolver. The store and the hosts run with a loopback /etc/resolv.conf (a
+private mount namespace): torch's TCPStore looks up each peer's name on every
+connect, and the operator's store pod has this resolver (`backends.STORE_DNS`),
+so a lookup fails at once and nothing leaves the machine.
 """
 
 
@@ -351,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     hosts: list[Host] = []
     try:
         agent_bin = str(Path(sys.executable).parent / "torchflex-agent")
-        store = start_logged([agent_bin, "store", "--host", "127.0.0.1", "--port", "0"],
-                             work / "store.log")  # fmt: skip
+        store_cmd = [agent_bin, "store", "--host", "127.0.0.1", "--port", "0"]
+        store = start_logged(loopback_resolver(store_cmd, work), work / "store.log")
         procs.append(store)
         line = wait_line(work / "store.log", "listening on", 60)
         store_port = int(line.rsplit(":", 1)[1])
@@ -370,16 +438,20 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(etcd_proc)
         wait_line(work / "etcd.log", "serving client traffic", 60)
         ports = {"torchflex-c10d": store_port, "torch-c10d": store_port, "torchflex-etcd": client}
-        hosts = [Host(work / f"host-{i}.log") for i in range(min(args.procs, max(sizes)))]
+        hosts = [Host(work / f"host-{i}.log", work) for i in range(min(args.procs, max(sizes)))]
+        store_cpu: dict[int, list[float]] = {}
         load_before = os.getloadavg()[0]
         t0 = time.monotonic()
         results = measure(
-            hosts, ports=ports, systems=args.systems, sizes=sizes, reps=reps, timeout=args.timeout
-        )
+            hosts, ports=ports, systems=args.systems, sizes=sizes, reps=reps,
+            timeout=args.timeout, store_pid=store.pid, store_cpu=store_cpu,
+        )  # fmt: skip
         print(f"[rendezvous] measured in {time.monotonic() - t0:.0f} s", flush=True)
         note = _etcd_v2_note(etcd, client)
         load = load_note(load_before, os.getloadavg()[0])
-        text = body(results, sizes, reps, args.procs, note, load=load)
+        resolver = _resolver_note(loopback_resolver(store_cmd, work) != store_cmd)
+        text = body(results, sizes, reps, args.procs, note, load=load, store_cpu=store_cpu,
+                    resolver=resolver)  # fmt: skip
         print(text)
         if bench.write:
             plot(results, sizes)

@@ -1,10 +1,14 @@
-"""The rendezvous benchmark's pure parts: hosting split and the latency of one trial."""
+"""The rendezvous benchmark's pure parts: hosting split, the latency of one trial, its notes."""
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 
-from benchmarks._rdzv_stats import MemberResult, evaluate, split_members
+from benchmarks._rdzv_stats import MemberResult, TrialOutcome, evaluate, split_members
 
 
 @pytest.mark.parametrize(
@@ -68,3 +72,29 @@ def test_member_result_round_trips_through_json() -> None:
     assert MemberResult.from_json(m.to_json()) == m
     failed = MemberResult(1.0, 1.0, None, None, "boom")
     assert MemberResult.from_json(failed.to_json()) == failed
+
+
+def test_the_large_n_section_says_the_deadline_and_the_stores_cpu() -> None:
+    from benchmarks import rendezvous
+
+    results = {("torchflex-c10d", 1024): [TrialOutcome(1024, 5.5, 0.1, None)]}
+    text = rendezvous.body(
+        results, (64, 1024), 1, 8, "not run.", store_cpu={1024: [0.4, 0.5]}, resolver="R."
+    )
+    assert f"{rendezvous.LARGE_N_OP_TIMEOUT_S:g} s" in text
+    assert "N = 1024: 0.45 s (0.40-0.50, n=2)" in text
+    assert "| 1024 | 5500 ms" in text
+    # Up to TORCH_MAX_N nothing changes: the agent's own deadline, no note.
+    assert "per-call deadline" not in rendezvous.body({}, (64,), 1, 8, "not run.")
+
+
+def test_the_loopback_resolver_wraps_a_command_only_where_it_can(tmp_path: Path) -> None:
+    from benchmarks import rendezvous
+
+    cmd = ["torchflex-agent", "store"]
+    wrapped = rendezvous.loopback_resolver(cmd, tmp_path)
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        assert wrapped == cmd
+    else:
+        assert wrapped[-2:] == cmd and "--mount" in wrapped
+        assert "nameserver 127.0.0.1" in (tmp_path / "resolv.conf").read_text()
