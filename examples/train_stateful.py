@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from torchflex_agent.checkpoint import Checkpointer
 from torchflex_agent.progress import report_step
-from torchflex_agent.state import TrainState
+from torchflex_agent.state import Restored, TrainState
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,6 +50,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ckpt-dir", default=os.environ.get("CKPT_DIR", ""))
     p.add_argument("--ckpt-every", type=int, default=int(os.environ.get("CKPT_EVERY", "100")))
     p.add_argument(
+        "--in-place",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("TRAIN_IN_PLACE", "1") == "1",
+        help="re-create the process group in place when the agent keeps this worker",
+    )
+    p.add_argument(
         "--print-time",
         action="store_true",
         default=os.environ.get("TRAIN_PRINT_TIME", "") == "1",
@@ -58,14 +64,21 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+PG_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def announce(got: Restored, how: str = "") -> int:
+    where = f"rank {got.source}" if got.broadcast else "local"
+    print(f"restored step={got.step} from={where} round={got.meta.round}{how}", flush=True)
+    return got.step
+
+
 def resume(state: TrainState, ckpt: Checkpointer | None) -> int:
     """The step to continue after: memory first (every rank agrees), disk only if nobody
     holds a copy, else 0."""
     got = state.restore()
     if got is not None:
-        where = f"rank {got.source}" if got.broadcast else "local"
-        print(f"restored step={got.step} from={where} round={got.meta.round}", flush=True)
-        return got.step
+        return announce(got)
     saved = ckpt.load() if ckpt is not None else None
     if saved is None:
         return 0
@@ -73,6 +86,42 @@ def resume(state: TrainState, ckpt: Checkpointer | None) -> int:
         obj.load_state_dict(saved[name])
     print(f"resumed from step={saved['step']}", flush=True)
     return int(saved["step"])
+
+
+def rejoin(state: TrainState) -> int:
+    """Re-form in place: a new process group for the agent's next round, then the
+    group's newest copy (every survivor holds it; a newcomer gets it by broadcast)."""
+    got = state.reform(wait=60.0, timeout=PG_TIMEOUT)
+    if got is None:
+        raise RuntimeError("re-formed in place, but no member holds a copy")
+    return announce(got, " in place")
+
+
+def train_step(
+    ddp: DistributedDataParallel,
+    opt: torch.optim.Optimizer,
+    state: TrainState,
+    step: int,
+    *,
+    rank: int,
+    device: torch.device,
+    stop: bool,
+) -> tuple[float, bool, bool]:
+    """One step, kept once complete: (loss, stop, re-form). Its tensors stay in here, so
+    nothing outlives a failed step that still holds the old process group."""
+    gen = torch.Generator().manual_seed((step - 1) * 1000 + rank)
+    x = torch.randn(32, 16, generator=gen).to(device)
+    y = x.sum(dim=1, keepdim=True)
+    loss = nn.functional.mse_loss(ddp(x), y)
+    opt.zero_grad()
+    loss.backward()  # type: ignore[no-untyped-call]  # DDP all-reduces here
+    opt.step()
+    state.commit(step)  # the step is complete: keep it in the agent's memory
+    # One all-reduce for both flags: SIGTERM anywhere, and a new round formed
+    # around us (a member joined or left), which every rank must leave together.
+    flag = torch.tensor([float(stop), float(state.reform_due())], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return loss.item(), flag[0].item() > 0, flag[1].item() > 0
 
 
 @record
@@ -87,7 +136,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(backend, timeout=PG_TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
     if backend == "nccl":
@@ -96,39 +145,43 @@ def main() -> int:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    state = TrainState(model=model, opt=opt)  # the state API: what a step changes
+    # The state API: what a step changes, kept after every step.
+    state = TrainState(model=model, opt=opt, in_place=args.in_place)
     ckpt = Checkpointer(args.ckpt_dir) if args.ckpt_dir else None
     done = resume(state, ckpt)
     ddp = DistributedDataParallel(model)
     while done < args.steps:
         started = time.monotonic()
-        gen = torch.Generator().manual_seed(done * 1000 + rank)
-        x = torch.randn(32, 16, generator=gen).to(device)
-        y = x.sum(dim=1, keepdim=True)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]  # DDP all-reduces here
-        opt.step()
-        done += 1
-        state.commit(done)  # the step is complete: keep it in the agent's memory
-        flag = torch.tensor([1.0 if stop_requested.is_set() else 0.0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        left = args.step_time - (time.monotonic() - started)
-        if left > 0:
-            stop_requested.wait(left)
-        sps = 1.0 / max(time.monotonic() - started, 1e-6)
-        stamp = f" t={time.time():.3f}" if args.print_time else ""
-        line = f"step={done} loss={loss.item():.4f} world={world} rank={rank} sps={sps:.1f}"
-        print(line + stamp, flush=True)
-        report_step(done)
-        stopping = flag.item() > 0
-        if ckpt is not None and rank == 0 and (stopping or done % args.ckpt_every == 0):
-            payload = {name: obj.state_dict() for name, obj in state.objects.items()}
-            if ckpt.save(done, payload):
-                print(f"checkpoint step={done}", flush=True)
+        try:
+            loss, stopping, regroup = train_step(
+                ddp, opt, state, done + 1, rank=rank, device=device, stop=stop_requested.is_set()
+            )
+        except RuntimeError:  # DistError, or gloo's "Connection closed by peer"
+            if not state.kept():
+                raise  # the restart path (or a real error): the agent starts new workers
+            loss, stopping, regroup = None, False, True  # the step in flight is lost
+        if loss is not None:
+            done += 1
+            left = args.step_time - (time.monotonic() - started)
+            if left > 0:
+                stop_requested.wait(left)
+            sps = 1.0 / max(time.monotonic() - started, 1e-6)
+            stamp = f" t={time.time():.3f}" if args.print_time else ""
+            line = f"step={done} loss={loss:.4f} world={world} rank={rank} sps={sps:.1f}"
+            print(line + stamp, flush=True)
+            report_step(done)
+            if ckpt is not None and rank == 0 and (stopping or done % args.ckpt_every == 0):
+                payload = {name: obj.state_dict() for name, obj in state.objects.items()}
+                if ckpt.save(done, payload):
+                    print(f"checkpoint step={done}", flush=True)
         if stopping:
             print(f"stopping at step={done} on SIGTERM", flush=True)
             break
+        if regroup:  # a peer is gone or a round formed: same process, a new group
+            del ddp  # it holds the old group, whose connections close only once it is freed
+            done = rejoin(state)
+            rank, world = dist.get_rank(), dist.get_world_size()
+            ddp = DistributedDataParallel(model)
     dist.destroy_process_group()
     return 0
 

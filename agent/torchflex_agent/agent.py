@@ -58,7 +58,10 @@ from torchflex_agent.rdzv_logic import (
     expected_next,
 )
 from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
+from torchflex_agent.restart_policy import GroupState
+from torchflex_agent.state_logic import keep_in_place
 from torchflex_agent.state_shm import create_dir as create_state_dir
+from torchflex_agent.state_shm import hand_round, in_place_pids, mark_kept
 from torchflex_agent.state_shm import remove_dir as remove_state_dir
 from torchflex_agent.supervise import (
     STORE_LOST_STOP_GRACE_S,
@@ -131,6 +134,8 @@ class ElasticAgent:
         self._fork: ForkServer | None = None
         self._state_dir: Path | None = None
         """The state API's in-memory copies (``state_shm``): the agent's for its whole life."""
+        self._kept: WorkerGroup | None = None
+        """Workers kept across a re-form (the state API's in-place re-forming)."""
         self._restarts_seen = 0
         """Highest job-wide restart count seen: republished if the store forgot it."""
         self._prev_rank = -1
@@ -144,6 +149,7 @@ class ElasticAgent:
             self._terminating,
             self._update,
             self._counted,
+            self._keep_workers,
         )
 
     # -- reporting ------------------------------------------------------
@@ -239,7 +245,27 @@ class ElasticAgent:
             if self._fork.wait_ready(0.1) or not self._fork.alive:
                 return
 
+    def _keep_workers(self, reason: RestartReason, silent: bool, group: WorkerGroup) -> bool:
+        """The supervisor asks on a re-form: keep workers that re-form in place?"""
+        if self._state_dir is None or self._terminating.is_set():
+            return False
+        state, _ = group.poll()
+        declared = in_place_pids(self._state_dir, len(group.pids))
+        if not keep_in_place(reason, silent, state is GroupState.RUNNING, declared, group.pids):
+            return False
+        log.info("keeping workers %s: they re-form in place", group.pids)
+        for local_rank in range(len(group.pids)):
+            mark_kept(self._state_dir, local_rank, group.round)
+        self._kept = group
+        return True
+
+    def _stop_kept(self, grace: float) -> None:
+        if self._kept is not None:
+            self._kept.stop(grace)
+            self._kept = None
+
     def _stop_helpers(self) -> None:
+        self._stop_kept(self.config.stop_grace)
         self._close_master_store()
         if self._fork is not None:
             self._fork.close()
@@ -416,10 +442,21 @@ class ElasticAgent:
         )
         self._ensure_fork_server()
         env = {**self._environ, **self._lease.worker_env(result.round)}
-        group = WorkerGroup(self.config.command, result, ctx, env, self._fork)
+        kept, self._kept = self._kept, None
+        if kept is not None and kept.poll()[0] is not GroupState.RUNNING:
+            kept.stop(self.config.stop_grace)  # one exited meanwhile: the restart path
+            kept = None
+        group = kept
+        if group is None:
+            group = WorkerGroup(self.config.command, result, ctx, env, self._fork)
         try:
             try:
-                group.start()
+                if kept is not None:
+                    assert self._state_dir is not None
+                    for local_rank, wenv in enumerate(kept.adopt(result, ctx, env)):
+                        hand_round(self._state_dir, local_rank, result.round, wenv)
+                else:
+                    group.start()
             except CommandNotRunnableError as exc:
                 fail_job(rdzv, str(exc), result.round)
                 raise AgentExitError(ExitCode.BAD_COMMAND, str(exc)) from exc
@@ -428,8 +465,9 @@ class ElasticAgent:
                     rdzv.mark_stale(result.round, RestartReason.MEMBER_LEFT, str(exc))
                 raise AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
             log.info(
-                "round %d: started workers (%d forked warm), pids %s",
+                "round %d: %s workers (%d forked warm), pids %s",
                 result.round,
+                "kept" if kept is not None else "started",
                 group.forked,
                 group.pids,
             )

@@ -26,6 +26,11 @@ broadcasts it from its holder (a replacement or new member holds nothing).
 No disk is read. Without ``torchflex-agent`` (no ``TORCHFLEX_STATE_DIR``)
 ``commit`` keeps nothing and ``restore`` returns None: the script runs as before.
 
+With ``in_place=True`` the survivors of a member that joined, left or died
+keep their processes: the agent keeps them (``kept``) and hands them the new
+round, and ``reform`` re-creates the process group and restores, without a
+new process or import (see the example's loop and docs/state-api.md).
+
 State is *replicated* here (DDP: every rank holds the same model and
 optimizer after a step), so any survivor's copy is the group's state and a
 copy on a peer would add nothing the survivors lack. Sharded state
@@ -36,18 +41,27 @@ docs/agent.md (the state API) for what is and is not built.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import io
 import logging
+import os
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from torchflex_agent.state_logic import CopyMeta, Source, choose_source
 from torchflex_agent.state_shm import CopyStore
+from torchflex_contract import env as tfenv
 
 log = logging.getLogger(__name__)
+
+# How often a worker waiting to re-form in place looks for its next round: the
+# rendezvous itself takes a few ms once the survivors' agents are in it.
+_ROUND_POLL_S = 0.005
 
 
 class Stateful(Protocol):
@@ -73,11 +87,22 @@ class Restored:
 class TrainState:
     """Registered training state, copied to the agent's memory after every completed step."""
 
-    def __init__(self, *, environ: Mapping[str, str] | None = None, **objects: Stateful) -> None:
+    def __init__(
+        self,
+        *,
+        in_place: bool = False,
+        environ: Mapping[str, str] | None = None,
+        **objects: Stateful,
+    ) -> None:
         if not objects:
             raise ValueError("register at least one object with state_dict()/load_state_dict()")
         self._objects = dict(objects)
         self._store = CopyStore(environ)
+        self._round = int((os.environ if environ is None else environ).get(tfenv.ROUND, "-1"))
+        self.in_place = in_place and self._store.enabled
+        """Whether this worker re-forms in place (``reform``) when its agent keeps it."""
+        if self.in_place:
+            self._store.declare_in_place()
         self.refused = 0
         """Commits the fence (or a newer copy) refused: this member is no longer in its group."""
 
@@ -133,6 +158,58 @@ class TrainState:
             int(payload["step"]), dict(payload["loop"]), source.meta, source.broadcast, source.rank
         )
 
+    def reform_due(self) -> bool:
+        """True when the agent formed a new round around this running worker (a member
+        joined or left). One small file read. Agree on it with the group (all-reduce it
+        with the step's other flags) and ``reform`` at the same step on every rank: a
+        rank that leaves alone would leave its peers in a collective with it."""
+        return self.in_place and self._store.next_round(self._round) is not None
+
+    def kept(self, wait: float = 5.0) -> bool:
+        """After a collective failed: does the agent keep this worker to re-form in place?
+
+        The agent says so within milliseconds of a peer's loss; a failure it does not
+        follow with a re-form (a real error, or a loss it handles by restarting the
+        workers) answers False after ``wait`` seconds: re-raise the error then.
+        """
+        if not self.in_place:
+            return False
+        deadline = time.monotonic() + wait
+        while not self._store.kept_past(self._round):
+            if self._store.next_round(self._round) is not None:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(_ROUND_POLL_S)
+        return True
+
+    def reform(self, wait: float = 60.0, **init_kwargs: Any) -> Restored | None:
+        """Leave the process group, wait for the agent's next round, join it, ``restore``.
+
+        Call it when a collective failed and ``kept()`` said yes, or when the group
+        agreed on ``reform_due()``, *outside* the ``except`` block and after dropping
+        every reference to the old group (the DDP wrapper, the loss): its connections
+        close only when it is freed, and a peer blocked on them waits until then.
+        ``init_kwargs`` go to ``init_process_group`` (the backend is the current one).
+        Raises ``TimeoutError`` when no round comes within ``wait`` seconds (the agent
+        took the restart path, or this member was dropped): let it end the worker.
+        """
+        if not self.in_place:
+            raise RuntimeError("reform() needs TrainState(in_place=True) under torchflex-agent")
+        backend = dist.get_backend() if dist.is_initialized() else "gloo"
+        _leave_group()
+        deadline = time.monotonic() + wait
+        got = self._store.next_round(self._round)
+        while got is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no new round after round {self._round} in {wait:.0f}s")
+            time.sleep(_ROUND_POLL_S)
+            got = self._store.next_round(self._round)
+        self._round, env = got
+        os.environ.update(env)  # rank, world size, master, round: what a launch would set
+        dist.init_process_group(backend, **init_kwargs)
+        return self.restore()
+
     def _payload(self, source: Source) -> bytes | None:
         if not source.broadcast:
             got = self._store.read()
@@ -142,6 +219,29 @@ class TrainState:
                 raise RuntimeError(f"state copy changed during restore (expected {source.meta})")
             return got[1]
         return _broadcast_bytes(self._store, source)
+
+
+def _leave_group() -> None:
+    """Destroy this rank's process group so that its connections close now.
+
+    A survivor blocked in a collective with *us* (we are its ring neighbour;
+    only we saw the dead peer's error) errors out only when our sockets close,
+    and gloo closes them when the group object is freed: its ``abort`` does not
+    (measured, torch 2.13). So the caller must drop what holds the group first
+    (the DDP wrapper, the failed step's loss and its autograd graph), and the
+    collection here frees the cycles among them. NCCL needs ``abort`` (its
+    kernels never finish otherwise), which is called for it.
+    """
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        try:
+            c10d._abort_process_group()
+        except (RuntimeError, ValueError) as exc:
+            log.warning("NCCL process group abort failed (destroying it only): %s", exc)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def _broadcast_bytes(store: CopyStore, source: Source) -> bytes:

@@ -25,6 +25,8 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
+from torchflex_contract.progress import RestartReason
+
 MAGIC = "torchflex-state-v1"
 """First field of a copy's header line: files of another format are not copies."""
 
@@ -133,3 +135,31 @@ def choose_source(copies: Sequence[CopyMeta | None], current: str) -> Source | N
     assert meta is not None
     everyone = all(c is not None and c.key == meta.key for c in copies)
     return Source(best_rank, meta, broadcast=not everyone)
+
+
+# Re-forms after which survivors' workers may stay alive: a member that left,
+# joined, or whose process is gone (its sockets closed, so a collective with it
+# fails at once). Not a silent loss (survivors may be stuck in a collective with
+# a frozen peer, and gloo cannot abort one), not a worker failure (its cause
+# may be in the kept state), not a store loss.
+IN_PLACE_REASONS = frozenset(
+    {RestartReason.MEMBER_LOST, RestartReason.MEMBER_JOINED, RestartReason.MEMBER_LEFT}
+)
+
+
+def keep_in_place(
+    reason: RestartReason,
+    silent: bool,
+    running: bool,
+    declared: Sequence[int | None],
+    pids: Sequence[int],
+) -> bool:
+    """Whether the agent keeps its workers across this re-form (pure).
+
+    Every worker must be running and have declared, under its own PID, that it
+    re-forms in place (``state.TrainState(in_place=True)``): a script that did not
+    opt in, or a worker started since, takes the restart path.
+    """
+    if silent or reason not in IN_PLACE_REASONS or not running or not pids:
+        return False
+    return list(declared) == list(pids)

@@ -21,11 +21,20 @@ renamed over the copy (a reader sees the old or the new copy, never half),
 checked against the fence (``fence.check``) before and right before the
 rename, and never over a copy with a newer key (``state_logic.may_write``).
 No fsync: nothing reads a copy after a reboot.
+
+In-place re-forming (gloo): a worker that can re-create its process group
+without exiting says so with ``in-place-<LOCAL_RANK>`` (its PID); when the
+agent keeps such workers across a re-form it hands each one its next round as
+``round-<LOCAL_RANK>.json`` (the worker env a launch would have given it),
+which the worker polls (:meth:`CopyStore.next_round`); ``kept-<LOCAL_RANK>``
+says at once, before the new round forms, that it was kept (a worker whose
+collective failed for another reason gives up quickly instead of waiting).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -51,6 +60,34 @@ def create_dir(root: Path | None = None) -> Path:
     if base is not None:
         sweep_dead(base)
     return Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base))
+
+
+def in_place_pids(folder: Path, nproc: int) -> list[int | None]:
+    """Per local rank, the PID of the worker that declared it re-forms in place (or None)."""
+    out: list[int | None] = []
+    for local_rank in range(nproc):
+        try:
+            out.append(int((folder / f"in-place-{local_rank}").read_text()))
+        except (OSError, ValueError):
+            out.append(None)
+    return out
+
+
+def mark_kept(folder: Path, local_rank: int, round_no: int) -> None:
+    """Tell a worker at once that its agent keeps it past ``round_no`` (a new round follows)."""
+    _write_text(folder / f"kept-{local_rank}", str(round_no))
+
+
+def hand_round(folder: Path, local_rank: int, round_no: int, env: Mapping[str, str]) -> None:
+    """Tell a kept worker its next round: the env a launch for ``round_no`` would give it."""
+    text = json.dumps({"round": round_no, "env": dict(env)})
+    _write_text(folder / f"round-{local_rank}.json", text)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def remove_dir(path: Path) -> None:
@@ -100,6 +137,34 @@ class CopyStore:
     @property
     def path(self) -> Path | None:
         return None if self.directory is None else self.directory / f"copy-{self.local_rank}"
+
+    def declare_in_place(self) -> None:
+        """This worker re-creates its process group in place when the agent keeps it."""
+        if self.directory is not None:
+            _write_text(self.directory / f"in-place-{self.local_rank}", str(os.getpid()))
+
+    def kept_past(self, round_no: int) -> bool:
+        """Whether the agent said it keeps this worker past ``round_no``."""
+        if self.directory is None:
+            return False
+        try:
+            return int((self.directory / f"kept-{self.local_rank}").read_text()) >= round_no
+        except (OSError, ValueError):
+            return False
+
+    def next_round(self, after: int) -> tuple[int, dict[str, str]] | None:
+        """The round (and env) the agent handed this worker, if newer than ``after``."""
+        if self.directory is None:
+            return None
+        try:
+            raw = json.loads((self.directory / f"round-{self.local_rank}.json").read_text())
+            round_no, env = int(raw["round"]), {str(k): str(v) for k, v in raw["env"].items()}
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("unreadable round file: %s", exc)
+            return None
+        return (round_no, env) if round_no > after else None
 
     def fence_check(self) -> fence.FenceCheck:
         return fence.check(self._environ)

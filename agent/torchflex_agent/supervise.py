@@ -89,6 +89,9 @@ class RoundSupervisor:
     """Changes fields of the agent's report (``AgentReport``)."""
     counted: Callable[[int], None]
     """Called with the job-wide restart count after this agent counted a failure."""
+    keep_workers: Callable[[RestartReason, bool, WorkerGroup], bool] | None = None
+    """Asked on a re-form (reason, silent loss): True when the agent keeps the group
+    running to re-form in place (the state API), instead of stopping it."""
 
     def supervise(
         self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, monitor: RoundMonitor
@@ -130,6 +133,8 @@ class RoundSupervisor:
                     if any(rank == result.node_rank for rank, _how in lost):
                         return self._fence(rdzv, result, group, "the group declared it lost")
                     silent = any(how == SILENT for _rank, how in lost)
+                if self.keep_workers is not None and self.keep_workers(stale, silent, group):
+                    return stale
                 grace = reform_grace(
                     self.config.stop_grace,
                     STORE_LOST_STOP_GRACE_S,

@@ -308,6 +308,11 @@ class WorkerGroup:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs]
 
+    @property
+    def round(self) -> int:
+        """The round these workers run for (a kept group's latest)."""
+        return self._result.round
+
     def start(self) -> None:
         """Start every worker; raises ``LaunchError`` (the caller stops those started)."""
         problem = command_problem(self._cmd, self._base_env)
@@ -343,6 +348,18 @@ class WorkerGroup:
             self._prefixers.append(err)
             self._stderr.append(err)
             self._procs.append(proc)
+
+    def adopt(
+        self, result: RendezvousResult, ctx: LaunchContext, base_env: Mapping[str, str]
+    ) -> list[dict[str, str]]:
+        """Keep these running workers for ``result``'s round (they re-form in place);
+        returns each local rank's env for that round, as ``start`` would give it."""
+        self._result, self._ctx, self._base_env = result, ctx, base_env
+        self._failed.clear()
+        envs = [worker_env(self._base_env, result, ctx, i) for i in range(len(self._procs))]
+        for env in envs:  # where this round's error files go (start does the same)
+            Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
+        return envs
 
     def _fork(self, env: Mapping[str, str]) -> tuple[_Proc, IO[bytes], IO[bytes]] | None:
         """A worker from the fork server with its output pipes, or None to spawn normally."""

@@ -9,13 +9,17 @@ only; every process is started here and stopped by PID.
 
 One scenario, in order (3 nodes, ``--nnodes 2:3``):
 
-1. SIGKILL of one node (agent and workers): the two survivors resume from
-   their own copies (``from=local``) at most one step behind the last step
-   any rank printed.
-2. A replacement joins: it holds no copy and gets the survivors' state by
-   broadcast (``from=rank K``), so the group of 3 goes on from where it was.
+1. SIGKILL of one node (agent and workers): the two survivors' workers stay
+   alive, re-create their process group in place (``... in place``) and
+   resume from their own copies (``from=local``), at most one step behind
+   the last step any rank printed.
+2. A replacement joins: the survivors re-form in place again (at most one
+   step lost); the newcomer holds no copy and gets their state by broadcast
+   (``from=rank K``), so the group of 3 goes on from where it was.
 3. SIGSTOP of one node's whole process tree (a frozen node: no socket
-   closes): the survivors resume from their copies, at most one step lost.
+   closes): the survivors are stuck in a collective with it, so their agents
+   take the restart path; the new workers resume from the copies, at most
+   one step lost.
 4. SIGCONT: the woken member is fenced, rejoins, and its stale copy (an older
    round) is never used: it receives the group's state by broadcast.
 """
@@ -40,7 +44,7 @@ from torchflex_contract.exit_codes import ExitCode
 STATEFUL = str(REPO / "examples" / "train_stateful.py")
 STEP = r"^\[rank \d+\] step=(\d+) .*world=(\d+)"
 SHM = Path("/dev/shm")
-RESTORED = r"^\[rank (\d+)\] restored step=(\d+) from=(local|rank \d+)"
+RESTORED = r"^\[rank (\d+)\] restored step=(\d+) from=(local|rank \d+) round=\d+( in place)?"
 
 
 @pytest.fixture()
@@ -78,14 +82,17 @@ def training_at(
     return last
 
 
-def resumes(logs: Sequence[LineLog], after: float, timeout: float) -> list[tuple[float, int, str]]:
-    """Each log's first ``restored`` line after ``after``: (time, step, from)."""
+Resume = tuple[float, int, str, bool]
+
+
+def resumes(logs: Sequence[LineLog], after: float, timeout: float) -> list[Resume]:
+    """Each log's first ``restored`` line after ``after``: (time, step, from, in place)."""
     out = []
     for log in logs:
         t, line = log.wait_for(lambda s: re.search(RESTORED, s) is not None, timeout, after=after)
         m = re.search(RESTORED, line)
         assert m is not None
-        out.append((t, int(m.group(2)), m.group(3)))
+        out.append((t, int(m.group(2)), m.group(3), m.group(4) is not None))
     return out
 
 
@@ -96,18 +103,18 @@ def last_step_before(logs: Sequence[LineLog], before: float) -> int:
 
 def check_at_most_one_lost(
     what: str, logs: Sequence[LineLog], survivors: Sequence[LineLog], fault_at: float
-) -> int:
+) -> list[Resume]:
     got = resumes(survivors, fault_at, 60)
-    first_resume = min(t for t, _, _ in got)
+    first_resume = min(r[0] for r in got)
     last = last_step_before(logs, first_resume)
-    steps = {step for _, step, _ in got}
+    steps = {r[1] for r in got}
     assert len(steps) == 1, f"{what}: survivors resumed from different steps {got}"
     resumed = steps.pop()
     print(f"\nSTATE {what}: last printed step {last}, resumed from {resumed}, via {got}")
     # At most the step in flight is lost; a step that completed everywhere but was not
     # printed yet (the fault struck between its commit and its line) may be kept.
     assert last - 1 <= resumed <= last + 1, f"{what}: lost {last - resumed} steps ({got})"
-    return resumed
+    return got
 
 
 @pytest.mark.timeout(180)
@@ -123,7 +130,8 @@ def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> Non
     killed_at = time.monotonic()
     signal_tree(tree, signal.SIGKILL)
     got = check_at_most_one_lost("sigkill", logs, survivors, killed_at)
-    assert all(how == "local" for how in [r[2] for r in resumes(survivors, killed_at, 5)])
+    # Same processes, a new process group, each from its own copy: nothing sent, nothing read.
+    assert all(r[2:] == ("local", True) for r in got), got
     recovered = training_at(survivors, 2, killed_at, 60) - killed_at
     print(f"STATE sigkill: every survivor completed a step at world 2 after {recovered:.2f} s")
     victim.proc.wait(10)
@@ -132,10 +140,12 @@ def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> Non
     joined_at = time.monotonic()
     newcomer = start(sjob)
     group = [*survivors, newcomer]
+    kept = check_at_most_one_lost("join", group, survivors, joined_at)
+    assert all(r[3] for r in kept), f"the survivors did not re-form in place: {kept}"
     training_at(group, 3, joined_at, 120)
-    (_, new_step, new_from), *_ = resumes([newcomer], joined_at, 5)
+    ((_, new_step, new_from, _),) = resumes([newcomer], joined_at, 5)
     assert new_from.startswith("rank "), new_from
-    assert new_step > got, (new_step, got)
+    assert new_step == kept[0][1] > got[0][1], (new_step, kept, got)
 
     # 3. Freeze one node's whole tree: no socket closes, only heartbeats stop.
     frozen_log = group[0]
@@ -143,7 +153,8 @@ def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> Non
     sjob.frozen = records.process_tree(frozen_log.proc.pid)
     frozen_at = time.monotonic()
     signal_tree(sjob.frozen, signal.SIGSTOP)
-    check_at_most_one_lost("freeze", group, awake, frozen_at)
+    restarted = check_at_most_one_lost("freeze", group, awake, frozen_at)
+    assert not any(r[3] for r in restarted), f"stuck with a frozen peer, yet in place: {restarted}"
     recovered = training_at(awake, 2, frozen_at, 60) - frozen_at
     print(f"STATE freeze: every survivor completed a step at world 2 after {recovered:.2f} s")
 
@@ -152,7 +163,7 @@ def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> Non
     signal_tree(sjob.frozen, signal.SIGCONT)
     sjob.frozen = []
     # (Its old worker may still print the step it had finished before it froze.)
-    (rejoined_at, _, woken_from), *_ = resumes([frozen_log], woke_at, 120)
+    ((rejoined_at, _, woken_from, _),) = resumes([frozen_log], woke_at, 120)
     training_at(group, 3, rejoined_at, 60)
     assert woken_from.startswith("rank "), f"the woken member used its own stale copy: {woken_from}"
     assert preempt(group, 60) == [ExitCode.PREEMPTED] * len(group)

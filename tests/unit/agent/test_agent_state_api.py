@@ -21,10 +21,24 @@ import pytest
 
 from torchflex_agent.fence import Lease
 from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult
-from torchflex_agent.state_logic import CopyMeta, choose_source, may_write, usable_incarnation
-from torchflex_agent.state_shm import CopyStore, create_dir, sweep_dead
+from torchflex_agent.state_logic import (
+    CopyMeta,
+    choose_source,
+    keep_in_place,
+    may_write,
+    usable_incarnation,
+)
+from torchflex_agent.state_shm import (
+    CopyStore,
+    create_dir,
+    hand_round,
+    in_place_pids,
+    mark_kept,
+    sweep_dead,
+)
 from torchflex_agent.workers import LaunchContext, worker_env
 from torchflex_contract import env as tfenv
+from torchflex_contract.progress import RestartReason
 
 
 def c(round_no: int, step: int, inc: str = "A") -> CopyMeta:
@@ -139,6 +153,44 @@ def test_copies_are_per_local_rank_and_absent_without_the_agent(tmp_path: Path) 
     bare = CopyStore({})
     assert not bare.enabled and bare.read() is None
     assert bare.write(CopyMeta("", -1, 1), b"x") is not None
+
+
+LOST, JOINED = RestartReason.MEMBER_LOST, RestartReason.MEMBER_JOINED
+LEFT = RestartReason.MEMBER_LEFT
+
+
+@pytest.mark.parametrize(
+    ("reason", "silent", "running", "declared", "keep"),
+    [
+        (LOST, False, True, [11, 12], True),  # a peer's process is gone: its sockets closed
+        (JOINED, False, True, [11, 12], True),
+        (LEFT, False, True, [11, 12], True),
+        (LOST, True, True, [11, 12], False),  # frozen peer: survivors may be stuck with it
+        (RestartReason.WORKER_FAILED, False, True, [11, 12], False),
+        (RestartReason.STORE_LOST, False, True, [11, 12], False),
+        (LOST, False, False, [11, 12], False),  # one of ours exited: restart them
+        (LOST, False, True, [11, None], False),  # a script that did not opt in
+        (LOST, False, True, [11, 99], False),  # declared by an earlier worker of that rank
+    ],
+)
+def test_keep_in_place(
+    reason: RestartReason, silent: bool, running: bool, declared: list[int | None], keep: bool
+) -> None:
+    assert keep_in_place(reason, silent, running, declared, [11, 12]) is keep
+
+
+def test_the_in_place_handshake_files(tmp_path: Path) -> None:
+    env = {tfenv.STATE_DIR: str(tmp_path), tfenv.ROUND: "4", "LOCAL_RANK": "1"}
+    worker = CopyStore(env)
+    assert in_place_pids(tmp_path, 2) == [None, None]
+    worker.declare_in_place()
+    assert in_place_pids(tmp_path, 2) == [None, os.getpid()]
+    assert not worker.kept_past(4) and worker.next_round(4) is None
+    mark_kept(tmp_path, 1, 4)  # the agent, the moment it decides
+    assert worker.kept_past(4) and not worker.kept_past(5)
+    hand_round(tmp_path, 1, 5, {"RANK": "0", tfenv.ROUND: "5"})  # once the round closed
+    assert worker.next_round(4) == (5, {"RANK": "0", tfenv.ROUND: "5"})
+    assert worker.next_round(5) is None  # nothing newer than the round it joined
 
 
 def test_workers_are_told_the_agents_folder_only_when_it_has_one(tmp_path: Path) -> None:
