@@ -32,6 +32,8 @@ QUEUE = "team-a"
 HIGH = "tf-e2e-high"
 POD_CPU_M = 100
 QUOTA_PODS = 3
+# The low job's steps (0.1 s each): it is preempted a few seconds after its first checkpoint.
+STEPS = 250
 
 
 @pytest.fixture()
@@ -123,13 +125,14 @@ def _worlds(follower: LogFollower, job: str) -> list[int]:
 def test_partial_admission_preemption_and_readmission(
     cluster: Cluster, namespace: str, follower: LogFollower, ckpt_dir: Path
 ) -> None:
-    low = TrainingJob("kq-low", ckpt_dir / "low", min_replicas=2, max_replicas=4, steps=400)
+    low = TrainingJob("kq-low", ckpt_dir / "low", min_replicas=2, max_replicas=4, steps=STEPS)
     apply(cluster, namespace, _queued(low))
 
     # Quota for 3 of its 4 workers: admitted at 3, between min 2 and max 4.
     wait_for(lambda: _admitted_count(cluster, namespace, "kq-low") == 3, 120, "low admitted at 3")
     wait_for(lambda: 3 in _worlds(follower, "kq-low"), 240, "low training at world size 3")
-    assert set(_worlds(follower, "kq-low")) == {3}
+    # Never above the admitted 3 (a first round may form at the minimum, 2, and grow).
+    assert set(_worlds(follower, "kq-low")) <= {2, 3}
     assert get_job(cluster, namespace, "kq-low")["status"]["desiredReplicas"] == 3
     assert len(worker_pods(cluster, namespace, "kq-low")) == 3
     wait_for(lambda: checkpoint_step(ckpt_dir / "low") > 0, 60, "low checkpointed")
@@ -175,8 +178,9 @@ def test_partial_admission_preemption_and_readmission(
     # The low job is admitted again, resumes from its checkpoint and finishes.
     wait_phase(cluster, namespace, "kq-low", "Succeeded", 400)
     resumed = [ln.step for ln in follower.lines("resumed") if ln.pod.startswith("kq-low-")]
-    assert resumed and max(resumed) >= kept, (resumed, kept)
+    # Its workers saved on SIGTERM: every one resumes from exactly that step, none lost.
+    assert resumed and set(resumed) == {kept}, (resumed, kept)
     reasons = [e["reason"] for e in job_events(cluster, namespace, "kq-low")]
     assert "EvictedByKueue" in reasons, reasons
     assert reasons.count("Admitted") >= 1, reasons
-    assert checkpoint_step(ckpt_dir / "low") == 400
+    assert checkpoint_step(ckpt_dir / "low") == STEPS
