@@ -160,6 +160,12 @@ def main() -> int:
             if not state.kept():
                 raise  # the restart path (or a real error): the agent starts new workers
             loss, stopping, regroup = None, False, True  # the step in flight is lost
+        if state.in_place and stopping and not stop_requested.is_set():
+            # A peer is leaving (its SIGTERM, not ours): re-form without it instead of
+            # stopping with it -- unless our agent does not keep us (it leaves too).
+            stopping, regroup = False, True
+        if regroup and loss is not None and not state.kept():
+            stopping, regroup = True, False
         if loss is not None:
             done += 1
             left = args.step_time - (time.monotonic() - started)

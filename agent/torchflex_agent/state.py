@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from torchflex_agent.fence import Verdict
 from torchflex_agent.state_logic import CopyMeta, Source, choose_source
 from torchflex_agent.state_shm import CopyStore
 from torchflex_contract import env as tfenv
@@ -99,6 +100,7 @@ class TrainState:
         self._objects = dict(objects)
         self._store = CopyStore(environ)
         self._round = int((os.environ if environ is None else environ).get(tfenv.ROUND, "-1"))
+        self._round_over = False
         self.in_place = in_place and self._store.enabled
         """Whether this worker re-forms in place (``reform``) when its agent keeps it."""
         if self.in_place:
@@ -131,6 +133,10 @@ class TrainState:
         torch.save(payload, buf)
         why = self._store.write(meta, buf.getvalue())
         if why is not None:
+            # The agent moved on to a new round while we ran: in place, that is the
+            # re-form's signal too (the round file may still be a moment away).
+            moved_on = self._store.fence_check().verdict is Verdict.OTHER_ROUND
+            self._round_over = self._round_over or moved_on
             self.refused += 1
             log.warning("state copy of step %d refused: %s", step, why)
             return False
@@ -163,7 +169,9 @@ class TrainState:
         joined or left). One small file read. Agree on it with the group (all-reduce it
         with the step's other flags) and ``reform`` at the same step on every rank: a
         rank that leaves alone would leave its peers in a collective with it."""
-        return self.in_place and self._store.next_round(self._round) is not None
+        if not self.in_place:
+            return False
+        return self._round_over or self._store.next_round(self._round) is not None
 
     def kept(self, wait: float = 5.0) -> bool:
         """After a collective failed: does the agent keep this worker to re-form in place?
@@ -206,6 +214,7 @@ class TrainState:
             time.sleep(_ROUND_POLL_S)
             got = self._store.next_round(self._round)
         self._round, env = got
+        self._round_over = False
         os.environ.update(env)  # rank, world size, master, round: what a launch would set
         dist.init_process_group(backend, **init_kwargs)
         return self.restore()
