@@ -133,7 +133,6 @@ def _build_and_push(
     *,
     name: str,
     build_args: tuple[str, ...] = (),
-    compress: bool = True,
     timeout_s: float = 900,
 ) -> PushedImage:
     """``docker/<name>.Dockerfile`` built on the local base, pushed as
@@ -158,8 +157,7 @@ def _build_and_push(
     tag = f"local-{image_id[:12]}"
     t0 = time.monotonic()
     _buildah(
-        images, "push", "--quiet", "--format", "oci", "--tls-verify=false",
-        *(() if compress else ("--disable-compression",)), image_id,
+        images, "push", "--quiet", "--format", "oci", "--tls-verify=false", image_id,
         f"docker://{address}/{repository}:{tag}",
         timeout_s=timeout_s,
     )  # fmt: skip
@@ -189,9 +187,8 @@ def build_agent_image(
     torch comes from ``torch_index_url`` (PyPI, the one index this machine
     reaches: its torch is the CUDA build, GBs of ``nvidia-*`` wheels). The
     Dockerfile installs it in a layer keyed by ``constraints.txt`` alone, so a
-    code change rebuilds and pushes only the small layers. Pushed without
-    compression: gzip of GBs costs minutes of this machine's two cores on push
-    and again on the kubelet's pull, for a transfer over loopback.
+    code change rebuilds and pushes only the small layers (the registry has
+    the big one: its blob is not sent again).
     """
     return _build_and_push(
         images,
@@ -199,6 +196,5 @@ def build_agent_image(
         address,
         name="agent",
         build_args=(f"TORCH_INDEX_URL={torch_index_url}",),
-        compress=False,
         timeout_s=3600,
     )

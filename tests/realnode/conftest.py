@@ -18,7 +18,7 @@ import pytest
 
 from e2e.cluster import Cluster
 from e2e.realnode import RealNode, real_node_down, real_node_up
-from e2e.realnode.imagebuild import PushedImage, base_rootfs, operator_image
+from e2e.realnode.imagebuild import PushedImage, base_rootfs, build_agent_image, operator_image
 from e2e.realnode.node import realnode_bin_dir
 from e2e.realnode.registry import ImagesPaths, registry_up
 
@@ -43,16 +43,24 @@ def registry_address(cluster: Cluster, real_node: RealNode) -> str:
     return registry_up(realnode_bin_dir(), ImagesPaths.of(cluster.layout.root), real_node.paths)
 
 
+def _report(name: str, image: PushedImage) -> PushedImage:
+    print(
+        f"{name} image {image.reference}: {image.local_size} stored, "
+        f"{image.pushed_bytes / 1e6:.1f} MB pushed; base import {image.base_s:.1f}s, "
+        f"build {image.build_s:.1f}s, push {image.push_s:.1f}s"
+    )
+    return image
+
+
 @pytest.fixture(scope="session")
 def operator_pushed(cluster: Cluster, registry_address: str) -> PushedImage:
     """docker/operator.Dockerfile built by buildah on the Debian base, pushed there."""
-    image = operator_image(
-        ImagesPaths.of(cluster.layout.root), base_rootfs(realnode_bin_dir()), registry_address
-    )
-    print(
-        f"operator image {image.reference}: {image.local_size} stored, "
-        f"{image.pushed_bytes / 1e6:.1f} MB pushed; base import {image.base_s:.1f}s, "
-        f"build {image.build_s:.1f}s, "
-        f"push {image.push_s:.1f}s"
-    )
-    return image
+    images, rootfs = ImagesPaths.of(cluster.layout.root), base_rootfs(realnode_bin_dir())
+    return _report("operator", operator_image(images, rootfs, registry_address))
+
+
+@pytest.fixture(scope="session")
+def agent_pushed(cluster: Cluster, registry_address: str) -> PushedImage:
+    """docker/agent.Dockerfile (torch from PyPI) built by buildah on the Debian base, pushed."""
+    images, rootfs = ImagesPaths.of(cluster.layout.root), base_rootfs(realnode_bin_dir())
+    return _report("agent", build_agent_image(images, rootfs, registry_address))
