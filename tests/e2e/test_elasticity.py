@@ -113,7 +113,9 @@ def test_spot_preemption_loses_no_steps_and_grows_back(
     follower: LogFollower,
     ckpt_dir: Path,
 ) -> None:
-    job = TrainingJob("spot", ckpt_dir, min_replicas=2, max_replicas=3, steps=250, backoff_limit=0)
+    # 600 steps of 0.1 s: enough that the job still trains when the replacement joins, even
+    # when a loaded machine takes 20 s to start its agent (at 250 it finished at world 2).
+    job = TrainingJob("spot", ckpt_dir, min_replicas=2, max_replicas=3, steps=600, backoff_limit=0)
     apply(cluster, namespace, job.manifest())
     wait_training(follower, 20, 240, world=3)
 
@@ -144,7 +146,7 @@ def test_spot_preemption_loses_no_steps_and_grows_back(
     status = get_job(cluster, namespace, "spot")["status"]
     assert status["failures"] == 0, "a preemption must not count against backoffLimit"
     assert_progress_sound(follower)
-    assert checkpoint_step(ckpt_dir) == 250
+    assert checkpoint_step(ckpt_dir) == 600
 
 
 @pytest.mark.usefixtures("no_capacity")
