@@ -265,3 +265,35 @@ def test_an_elasticjob_of_agent_image_pods_trains_through_kill_scale_and_evictio
     assert checkpoint_step(ckpt) == STEPS
     # Neither the eviction nor the scaling counted as a failure.
     assert job.status()["failures"] == failures, job.status()
+
+
+def test_without_the_memory_backed_dev_shm_the_same_dataloader_fails(
+    cluster: Cluster, real_node: RealNode, agent_pushed: PushedImage, namespace: str
+) -> None:
+    """Why ``spec.sharedMemory`` exists: a bare pod of the agent image has the
+    runtime's 64 MiB ``/dev/shm``, and the DataLoader above cannot pass its
+    batches through it."""
+    script = f"df -k /dev/shm; python -c '{DATALOADER}'"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "no-shm"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {NODE_LABEL: "true"},
+            "automountServiceAccountToken": False,
+            "containers": [
+                {"name": "c", "image": agent_pushed.reference, "command": ["sh", "-c", script]}
+            ],
+        },
+    }
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(pod))
+
+    def phase() -> str:
+        return str(cluster.get_json("pod", "no-shm", "-n", namespace)["status"].get("phase"))
+
+    wait_for(lambda: phase() in ("Succeeded", "Failed"), 180, "no-shm finished", interval_s=1.0)
+    log = cluster.kubectl("logs", "no-shm", "-n", namespace).stdout
+    assert phase() == "Failed", log[-2000:]
+    assert " 65536 " in log.splitlines()[1], log[:500]  # df -k: 64 MiB
+    assert "No space left on device" in log and "DataLoader worker" in log, log[-2000:]
