@@ -76,7 +76,8 @@ def test_bad_cluster_slot_is_refused_with_the_variable_name() -> None:
 
 
 def _modules(package: Path) -> set[str]:
-    return {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    """Every module's file name, those of the package's own subpackages too."""
+    return {p.name for p in package.rglob("*.py") if p.name != "__init__.py"}
 
 
 def _named_in(doc: Path) -> set[str]:

@@ -143,7 +143,7 @@ Cross-field rules the JSON schema cannot say clearly; each fails with the fix.
 
 {{/*
 RBAC rules, derived from the code (tests/unit/install/test_rbac_derived.py re-derives them
-and compares). Namespaced resources: what torchflex_operator/kube.py calls plus what kopf
+and compares). Namespaced resources: what torchflex_operator/kube/ calls plus what kopf
 watches for handlers.py.
 */}}
 {{- define "torchflex.namespacedRules" -}}

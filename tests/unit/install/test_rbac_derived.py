@@ -1,7 +1,7 @@
 """The chart's RBAC is exactly what the code uses: derived here from the source.
 
 What the operator calls is read from its code, not from a list kept by hand:
-- ``kube.py`` (the only module calling the API): every ``self.core.X`` /
+- the ``kube`` package (the only place calling the API): every ``self.core.X`` /
   ``self.custom.X`` / ``self.networking.X`` / ``self.coordination.X`` /
   ``self.scheduling.X`` / ``self.kueue.X`` call (API discovery aside: every client may
   read it), mapped from the client's method name to a verb and resource (``create_namespaced_pod``
@@ -57,12 +57,13 @@ _METHOD = re.compile(r"^(?P<verb>[a-z]+)_namespaced_(?P<kind>[a-z_]+?)(?P<status
 
 
 def _client_calls() -> list[tuple[str, str]]:
-    """(api, method) of every ``self.core.m(...)`` / ``self.custom.m(...)`` in kube.py
+    """(api, method) of every ``self.core.m(...)`` / ``self.custom.m(...)`` in the kube package
     (``self.scheduling`` too: the PodGroups; ``self.policy``: the PodDisruptionBudgets),
     discovery left out."""
-    tree = ast.parse(Path(inspect.getfile(kube)).read_text())
+    sources = sorted(Path(inspect.getfile(kube)).parent.glob("*.py"))
+    assert len(sources) > 1, "the kube package's modules were not found"
     calls = []
-    for node in ast.walk(tree):
+    for node in (n for src in sources for n in ast.walk(ast.parse(src.read_text()))):
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -84,7 +85,7 @@ def kube_rules() -> set[Rule]:
             out.add((queueing.GROUP, queueing.PRIORITY_CLASSES, "get"))
             continue
         m = _METHOD.match(method)
-        assert m, f"kube.py calls {api}.{method}: teach this test its verb/resource"
+        assert m, f"kube calls {api}.{method}: teach this test its verb/resource"
         verb = _VERBS[m["verb"]]
         if api == "custom":
             assert m["kind"] == "custom_object", method
@@ -166,7 +167,7 @@ def kopf_rules(*, clusterwide: bool) -> set[Rule]:
 
 
 def lease_rules() -> set[Rule]:
-    """The leader-election Lease calls of kube.py (the Role in the release namespace)."""
+    """The leader-election Lease calls of the kube package (the Role in the release namespace)."""
     return {r for r in kube_rules() if r[:2] == LEASES}
 
 
@@ -186,7 +187,7 @@ def _split(rules: set[Rule]) -> tuple[set[Rule], set[Rule]]:
 
 
 def test_derivation_sees_the_calls_we_know_about() -> None:
-    # Guards the derivation itself: if kube.py changes, this moves with it.
+    # Guards the derivation itself: if the kube package changes, this moves with it.
     rules = kube_rules()
     assert ("", "pods", "create") in rules
     assert (labels.GROUP, f"{labels.PLURAL}/status", "patch") in rules

@@ -24,7 +24,8 @@ from torchflex_operator.errors import (
     RetryableError,
 )
 from torchflex_operator.expectations import TIMEOUT, Expectations
-from torchflex_operator.kube import Kube, _typed
+from torchflex_operator.kube import Kube
+from torchflex_operator.kube.transport import _typed
 from torchflex_operator.reconciler import RIGHTS_WITHDRAWN, Reconciler
 from torchflex_operator.settings import Settings
 from torchflex_operator.status import merge_patch
