@@ -21,6 +21,7 @@ Needs root (a mount namespace, port 53).
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -35,8 +36,10 @@ from tests.integration.agent.tfagent_helpers import AGENT_BIN, PYTHON, spawn
 
 # Loopback addresses of this test's own: the store's DNS server, and one
 # nobody listens on for the clients (their lookups are refused at once).
-STORE_DNS = "127.53.18.1"
-CLIENT_DNS = "127.53.18.2"
+# Drawn per run, so two runs of this test at once never share port 53.
+_NET = f"127.53.{random.randrange(256)}"
+STORE_DNS = f"{_NET}.1"
+CLIENT_DNS = f"{_NET}.2"
 CLIENTS = 3
 
 pytestmark = pytest.mark.skipif(
