@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from benchmarks import report
+from e2e import hostfiles
 
 
 def positive_int(text: str) -> int:
@@ -164,4 +165,8 @@ class BenchCli:
 
     def parse(self, argv: Sequence[str] | None = None) -> Bench:
         given = list(argv) if argv is not None else sys.argv[1:]
-        return Bench(self.name, self.parser.parse_args(given), command(self.name, given))
+        bench = Bench(self.name, self.parser.parse_args(given), command(self.name, given))
+        # Every benchmark starts torch stores on the host: their peer-name lookups stay
+        # in /etc/hosts, never reaching the machine's DNS server (e2e.hostfiles).
+        hostfiles.ensure_loopback_names()
+        return bench

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from e2e import demo_real
+from e2e import demo_real, hostfiles
 from e2e.cluster import Cluster, ensure_up
 from e2e.cluster.layout import state_dir
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes
@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "containerd, the project's images; e2e.demo_real)",
     )
     args = p.parse_args(argv)
+    hostfiles.ensure_loopback_names()  # torch's peer-name lookups on the host stay in the file
     if args.steps < 60:
         p.error("--steps must be >= 60 (the kill happens at step 40)")
 

@@ -15,9 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from e2e import hostfiles
 from e2e.cluster import Cluster, ensure_up, tear_down
 from e2e.cluster.layout import state_dir
 from tests.support import fresh_namespace
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any tier starts torch on the host: its peer-name lookups stay in /etc/hosts."""
+    try:
+        hostfiles.ensure_loopback_names()
+    except hostfiles.HostSetupError as exc:
+        raise pytest.UsageError(str(exc)) from exc
 
 
 @pytest.fixture(scope="session")

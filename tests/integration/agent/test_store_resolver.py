@@ -16,6 +16,12 @@ such name", as the machine's resolver does for 127.0.0.1, and counts them.
 Clients run with a resolver that refuses at once (nothing listens on
 theirs), so only the store's queries are counted and none leaves the machine.
 Needs root (a mount namespace, port 53).
+
+The machine's /etc/hosts names the mapped loopback address torch sees its
+loopback peers as (``e2e.hostfiles``), so a store on the host answers these
+lookups from the file: the first test gives the store a hosts file without that
+line, to show the lookups themselves; the second shows the line keeps them off
+any DNS server.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.hostfiles import names_mapped_loopback
 from e2e.localproc import stop_process
 from tests.integration.agent.tfagent_helpers import AGENT_BIN, PYTHON, spawn
 
@@ -84,9 +91,12 @@ class NxDomainDns:
         self.sock.close()
 
 
-def _in_namespace(conf: Path, cmd: list[str]) -> list[str]:
-    """``cmd`` with ``conf`` bind-mounted over /etc/resolv.conf in a private mount namespace."""
+def _in_namespace(conf: Path, cmd: list[str], hosts: Path | None = None) -> list[str]:
+    """``cmd`` with ``conf`` bind-mounted over /etc/resolv.conf (and ``hosts`` over
+    /etc/hosts, when given) in a private mount namespace."""
     script = 'mount --bind "$0" /etc/resolv.conf && exec "$@"'
+    if hosts is not None:
+        script = f'mount --bind "{hosts}" /etc/hosts && {script}'
     # The store's own setting is under test: nothing inherited may stand in for it.
     return [
         "unshare",
@@ -130,13 +140,14 @@ def _connect_once(conf: Path, port: int) -> str:
     return out.stdout.strip()
 
 
-def test_the_store_looks_up_every_connection(dns: NxDomainDns, tmp_path: Path) -> None:
+def _store_queries(dns: NxDomainDns, tmp_path: Path, hosts: Path | None) -> int:
+    """The DNS queries the store makes while ``CLIENTS`` clients connect, one at a time."""
     store_conf = tmp_path / "store-resolv.conf"
     store_conf.write_text(f"nameserver {STORE_DNS}\n")
     client_conf = tmp_path / "client-resolv.conf"
     client_conf.write_text(f"nameserver {CLIENT_DNS}\noptions attempts:1 timeout:1\n")
     cmd = [AGENT_BIN, "store", "--host", "127.0.0.1", "--port", "0"]
-    log = spawn(_in_namespace(store_conf, cmd), "store")
+    log = spawn(_in_namespace(store_conf, cmd, hosts), "store")
     try:
         _, line = log.wait_for(lambda s: "listening on" in s, 60)
         port = int(line.rsplit(":", 1)[1])
@@ -147,6 +158,18 @@ def test_the_store_looks_up_every_connection(dns: NxDomainDns, tmp_path: Path) -
         before = dns.count()
         replies = [_connect_once(client_conf, port) for _ in range(CLIENTS)]
         assert replies == ["b'v'"] * CLIENTS
-        assert dns.count() - before == CLIENTS
+        return dns.count() - before
     finally:
         stop_process(log.proc)
+
+
+def test_the_store_looks_up_every_connection(dns: NxDomainDns, tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1\tlocalhost\n")  # a stock file: no mapped loopback line
+    assert _store_queries(dns, tmp_path, hosts) == CLIENTS
+
+
+def test_the_hosts_line_answers_them_from_the_file(dns: NxDomainDns, tmp_path: Path) -> None:
+    # tests/conftest.py put the line in the machine's file before any test ran.
+    assert names_mapped_loopback(Path("/etc/hosts").read_text())
+    assert _store_queries(dns, tmp_path, None) == 0
