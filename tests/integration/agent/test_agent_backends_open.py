@@ -49,6 +49,10 @@ def test_opener_connects_to_the_real_store(
     key = f"/backends-open/{uuid.uuid4().hex[:10]}"
     try:
         ours.set(key, b"written through the opener")
+        # torch's TCPStore sends a set without awaiting a reply: only a round trip on the
+        # same connection orders it before another connection's read (as the rendezvous
+        # does: a set, then an add, before peers look).
+        assert ours.get(key) == b"written through the opener"
         assert theirs.get(key) == b"written through the opener"
     finally:
         ours.close()
