@@ -58,7 +58,7 @@ from torchflex_agent.rdzv_logic import (
     expected_next,
 )
 from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
-from torchflex_agent.restart_policy import GroupState
+from torchflex_agent.restart_policy import GroupState, closed_job_exit
 from torchflex_agent.state_logic import keep_in_place
 from torchflex_agent.state_shm import create_dir as create_state_dir
 from torchflex_agent.state_shm import hand_round, in_place_pids, mark_kept
@@ -371,7 +371,7 @@ class ElasticAgent:
                 raise AgentExitError(ExitCode.USER_ERROR, f"job failed: {exc}") from exc
             except RendezvousClosedError as exc:
                 log.info("%s", exc)
-                return ExitCode.RENDEZVOUS_CLOSED
+                return closed_job_exit(self._supervisor.workers_succeeded)
             except RendezvousTimeoutError as exc:
                 raise AgentExitError(ExitCode.INFRA_ERROR, str(exc)) from exc
             except PermanentError as exc:

@@ -17,6 +17,7 @@ import dataclasses
 import enum
 from typing import assert_never
 
+from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import RestartReason
 
 
@@ -63,6 +64,17 @@ def decide(obs: Observation) -> Action:
     if obs.group is GroupState.RUNNING:
         return Action.CONTINUE
     assert_never(obs.group)  # mypy: a new GroupState needs its rule here
+
+
+def closed_job_exit(workers_succeeded: bool) -> ExitCode:
+    """The agent's exit when it finds the job's rendezvous closed as it re-joins.
+
+    A member whose own workers all exited 0 in the round that just ended (rank 0
+    saving the final model while its peers finished and a late joiner marked the
+    round stale) finished its part: exit 0, like a member that saw the success
+    first. Any other member was still needed by nothing: 76, not a failure either.
+    """
+    return ExitCode.SUCCESS if workers_succeeded else ExitCode.RENDEZVOUS_CLOSED
 
 
 class FailureVerdict(enum.Enum):

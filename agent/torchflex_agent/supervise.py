@@ -92,10 +92,14 @@ class RoundSupervisor:
     keep_workers: Callable[[RestartReason, bool, WorkerGroup], bool] | None = None
     """Asked on a re-form (reason, silent loss): True when the agent keeps the group
     running to re-form in place (the state API), instead of stopping it."""
+    workers_succeeded: bool = False
+    """Whether the round ``supervise`` last watched ended with every local worker
+    exited 0 (``restart_policy.closed_job_exit``)."""
 
     def supervise(
         self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, monitor: RoundMonitor
     ) -> RestartReason:
+        self.workers_succeeded = False
         while True:
             self.wake.wait(self.config.monitor_interval)
             self.wake.clear()
@@ -109,6 +113,7 @@ class RoundSupervisor:
                 log.warning("round %d: store lost: %s", result.round, event.detail)
                 self.update(store_error=event.detail)
             state, failures = group.poll()
+            self.workers_succeeded = state is GroupState.SUCCEEDED
             if state is GroupState.SUCCEEDED and stale is None:
                 # The stale watcher may lag the workers by a round trip; a
                 # peer's leave makes workers exit 0 too, so ask the store.

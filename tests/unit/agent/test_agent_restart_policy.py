@@ -10,10 +10,12 @@ from torchflex_agent.restart_policy import (
     GroupState,
     Observation,
     budget_exhausted,
+    closed_job_exit,
     decide,
     judge_failure,
     root_cause,
 )
+from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import RestartReason
 
 R = RestartReason
@@ -88,3 +90,17 @@ def test_root_cause_prefers_the_real_error_over_peer_loss(
     own: str, reported: list[str], expect: str
 ) -> None:
     assert root_cause(own, reported) == expect
+
+
+@pytest.mark.parametrize(
+    ("workers_succeeded", "code"),
+    [
+        # Rank 0 finished saving after its peers closed the job (a late joiner had
+        # marked the round stale): its part is done, its pod says so.
+        (True, ExitCode.SUCCESS),
+        # A member re-forming for any other reason finds the job over: not a failure.
+        (False, ExitCode.RENDEZVOUS_CLOSED),
+    ],
+)
+def test_closed_job_exit(workers_succeeded: bool, code: ExitCode) -> None:
+    assert closed_job_exit(workers_succeeded) is code
