@@ -8,6 +8,7 @@ termination handler) meets it. The autoscaler itself: tests/e2e/test_autoscaler.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -25,8 +26,12 @@ TOO_MANY_REQUESTS = 429
 
 
 def budget(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    # One read: a second one could miss a budget deleted in between.
     out = cluster.kubectl("get", "pdb", name, "-n", ns, "-o", "json", check=False)
-    return cluster.get_json("pdb", name, "-n", ns) if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    pdb: dict[str, Any] = json.loads(out.stdout)
+    return pdb
 
 
 def settled(cluster: Cluster, ns: str, name: str, min_available: int, allowed: int) -> bool:

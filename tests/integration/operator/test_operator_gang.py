@@ -9,6 +9,7 @@ tests/e2e/test_gang.py).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -23,11 +24,13 @@ pytestmark = pytest.mark.cluster
 
 
 def pod_group(cluster: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    # One read: a second one could miss a group deleted in between (seen in CI).
     out = cluster.kubectl("get", "podgroups.scheduling.k8s.io", name, "-n", ns, "-o", "json",
                           check=False)  # fmt: skip
     if out.returncode != 0:
         return None
-    return cluster.get_json("podgroups.scheduling.k8s.io", name, "-n", ns)
+    group: dict[str, Any] = json.loads(out.stdout)
+    return group
 
 
 def min_count(group: dict[str, Any] | None) -> int | None:
