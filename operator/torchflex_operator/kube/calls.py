@@ -32,23 +32,13 @@ class Kube(SchedulingCalls):
     # -- ElasticJob ------------------------------------------------------------
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            obj: Any = await self._call(
-                f"get elasticjob {namespace}/{name}",
-                lambda: self.custom.get_namespaced_custom_object(
-                    labels.GROUP,
-                    labels.VERSION,
-                    namespace,
-                    labels.PLURAL,
-                    name,
-                    _request_timeout=TIMEOUT_S,
-                ),
-            )
-        except PermanentError as exc:
-            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
-                return None
-            raise
-        return dict(obj)
+        return await self._get_or_none(
+            f"get elasticjob {namespace}/{name}",
+            lambda: self.custom.get_namespaced_custom_object(
+                labels.GROUP, labels.VERSION, namespace, labels.PLURAL, name,
+                _request_timeout=TIMEOUT_S,
+            ),
+        )  # fmt: skip
 
     async def patch_job_status(
         self, namespace: str, name: str, resource_version: str, patch: Mapping[str, Any]
