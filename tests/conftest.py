@@ -10,6 +10,7 @@ it afterwards. Unit tests never touch these fixtures.
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,24 @@ def pytest_configure(config: pytest.Config) -> None:
         hostfiles.ensure_loopback_names()
     except hostfiles.HostSetupError as exc:
         raise pytest.UsageError(str(exc)) from exc
+
+
+_SECONDS_BY_FILE: defaultdict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SECONDS_BY_FILE[report.nodeid.split("::", 1)[0]] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Where the suite's wall time goes, per file (setup, call and teardown):
+    the CI time budget is spent here, so every run reports it."""
+    slowest = sorted(_SECONDS_BY_FILE.items(), key=lambda kv: kv[1], reverse=True)[:25]
+    if not slowest:
+        return
+    terminalreporter.section("seconds per test file (the 25 slowest)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")
 
 
 @pytest.fixture(scope="session")
