@@ -26,7 +26,7 @@ from torchflex_agent.workers import LaunchContext, WorkerGroup, set_pdeathsig
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys
+    import gc, json, os, sys
     import localmod  # beside the script: must be imported by the worker, not the zygote
     if os.environ.get("MODE") == "raise":
         raise ValueError("boom-" + os.environ["RANK"])
@@ -34,7 +34,8 @@ SCRIPT = textwrap.dedent(
         print("sleeping", flush=True)
         import time; time.sleep(60)
     print(json.dumps({"name": __name__, "argv": sys.argv, "rank": os.environ["RANK"],
-                      "cwd": os.getcwd(), "path0": sys.path[0], "local": localmod.SEEN}))
+                      "cwd": os.getcwd(), "path0": sys.path[0], "local": localmod.SEEN,
+                      "frozen": gc.get_freeze_count()}))
     sys.exit(int(os.environ.get("CODE", "0")))
     """
 )
@@ -104,6 +105,8 @@ def test_forked_worker_runs_script_as_main(
     assert got["local"] == "3"  # imported in the worker, with the worker's env
     assert got["path0"] == str(script_dir)
     assert got["cwd"] == os.getcwd()
+    # The preloaded objects came frozen: the worker's collections never scan them.
+    assert got["frozen"] > 0
     # A second worker gets a fresh fork (its own import of localmod).
     code, out, _ = run(server, worker_env(tmp_path, RANK="4"))
     assert code == 0 and json.loads(out)["local"] == "4"
