@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import io
+import json
 import logging
 import os
 import time
@@ -148,9 +149,7 @@ class TrainState:
         current = self._store.fence_check().incarnation
         copies: list[CopyMeta | None] = [mine]
         if dist.is_available() and dist.is_initialized():
-            gathered: list[CopyMeta | None] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, mine)
-            copies = gathered
+            copies = _all_gather_pickled(mine)
         source = choose_source(copies, current)
         if source is None:
             return None
@@ -268,10 +267,48 @@ def _broadcast_bytes(store: CopyStore, source: Source) -> bytes:
     dist.broadcast(size, src=source.rank)
     if _rank() == source.rank:
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-    else:
-        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        dist.broadcast(buf, src=source.rank)
+        return data
+    received = bytearray(int(size.item()))
+    host = torch.frombuffer(received, dtype=torch.uint8) if received else torch.empty(0)
+    buf = (
+        host
+        if device.type == "cpu"
+        else torch.empty(len(received), dtype=torch.uint8, device=device)
+    )
     dist.broadcast(buf, src=source.rank)
-    return data if _rank() == source.rank else bytes(buf.cpu().numpy().tobytes())
+    if buf is not host:
+        host.copy_(buf.cpu())
+    return bytes(received)
+
+
+def _all_gather_pickled(obj: CopyMeta | None) -> list[CopyMeta | None]:
+    """Every rank's ``obj``, gathered without numpy.
+
+    ``dist.all_gather_object`` decodes through ``Tensor.numpy()`` (torch 2.13),
+    and the agent image has no numpy: the headers go as JSON, padded to the
+    longest, gathered as ``uint8`` tensors and read back through a buffer the
+    tensor shares. Headers are a few hundred bytes.
+    """
+    device = _collective_device()
+    world = dist.get_world_size()
+    data = json.dumps(None if obj is None else dataclasses.asdict(obj)).encode()
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    slots = [torch.zeros(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(slots, mine)
+    out: list[CopyMeta | None] = []
+    for slot, n in zip(slots, sizes, strict=True):
+        raw = bytearray(int(n.item()))
+        if raw:
+            torch.frombuffer(raw, dtype=torch.uint8).copy_(slot[: len(raw)].cpu())
+        fields = json.loads(bytes(raw))
+        out.append(None if fields is None else CopyMeta(**fields))
+    return out
 
 
 def _collective_device() -> torch.device:
