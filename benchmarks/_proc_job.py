@@ -34,6 +34,8 @@ VENV_BIN = Path(sys.executable).parent
 AGENT_BIN = str(VENV_BIN / "torchflex-agent")
 TORCHRUN_BIN = str(VENV_BIN / "torchrun")
 EXAMPLE = str(REPO / "examples" / "train_elastic.py")
+# The same training adopting the state API (issue 18): same CLI and step lines.
+STATEFUL = str(REPO / "examples" / "train_stateful.py")
 
 # torchrun's rendezvous settings. "default" changes nothing that affects
 # timing; max restarts must be > 0 for any recovery (its default 0 fails the

@@ -52,7 +52,7 @@ from pathlib import Path
 from benchmarks import _goodput_report as rep
 from benchmarks._chaos import FAULTS, KILL, REPLACE, ChaosEvent, chaos_schedule
 from benchmarks._goodput_stats import account, job_timeline, progress_curve, step_rate
-from benchmarks._proc_job import EXAMPLE, REPO, Flavor, Lines, ProcJob, signal_tree
+from benchmarks._proc_job import EXAMPLE, STATEFUL, Flavor, Lines, ProcJob, signal_tree
 from benchmarks.cli import Bench, BenchCli, positive_float, positive_int
 
 
@@ -64,9 +64,6 @@ class Launcher:
     flavor: str | None
     why: str = ""
     script: str = EXAMPLE
-
-
-STATEFUL = str(REPO / "examples" / "train_stateful.py")
 
 
 LAUNCHERS = {

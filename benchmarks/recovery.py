@@ -5,7 +5,10 @@ through ``benchmarks.__main__``). Process level, loopback only: the same
 3-node job (``--nnodes 2:3``, one CPU/gloo worker per node running
 ``examples/train_elastic.py``, a step every 100 ms) under ``torchflex-agent``
 and under stock ``torchrun`` (c10d rendezvous, default and tuned settings),
-in one run. Each repetition:
+in one run; ``torchflex-state`` is ``torchflex-agent`` running
+``examples/train_stateful.py`` (the same training adopting the state API of
+issue 18: survivors re-form in place and resume from memory), measured the
+same way. Each repetition:
 
 1. start the job, wait until all 3 nodes train at world size 3;
 2. SIGKILL one node's launcher and every process it spawned (a pod dying);
@@ -40,19 +43,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks._proc_job import TORCHRUN_CONF, Flavor, ProcJob, signal_tree
+from benchmarks._proc_job import EXAMPLE, STATEFUL, TORCHRUN_CONF, Flavor, ProcJob, signal_tree
 from benchmarks._proc_logs import recovery_seconds
 from benchmarks.cli import BenchCli
 from benchmarks.report import markdown_table, summarize
 
-FLAVORS = ("torchflex", "torchrun-tuned", "torchrun-default")
+FLAVORS = ("torchflex", "torchflex-state", "torchrun-tuned", "torchrun-default")
+_SCRIPTS = {"torchflex-state": STATEFUL}
 # Per-phase bounds: generous multiples of the slowest expected case
 # (torchrun defaults ~46 s to recover on a quiet machine).
 _START_TIMEOUT = 120.0
-_RECOVER_TIMEOUT = {"torchflex": 60.0, "torchrun-tuned": 90.0, "torchrun-default": 150.0}
+_RECOVER_TIMEOUT = {
+    "torchflex": 60.0, "torchflex-state": 60.0, "torchrun-tuned": 90.0, "torchrun-default": 150.0,
+}  # fmt: skip
 # Tuned torchrun's scale-up join never completed here (the newcomer stays in
 # "Rendezvous'ing worker group" while the group trains on); don't wait long.
-_JOIN_TIMEOUT = {"torchflex": 60.0, "torchrun-tuned": 30.0, "torchrun-default": 90.0}
+_JOIN_TIMEOUT = {
+    "torchflex": 60.0, "torchflex-state": 60.0, "torchrun-tuned": 30.0, "torchrun-default": 90.0,
+}  # fmt: skip
 _WARM_STEPS = 5
 _FREEZE_CAP_S = 90.0
 _FAULTS = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP}
@@ -81,7 +89,7 @@ def run_trial(
     freeze_cap: float = _FREEZE_CAP_S,
 ) -> Trial:  # fmt: skip
     trial = Trial(flavor.name)
-    job = ProcJob(flavor, workdir)
+    job = ProcJob(flavor, workdir, script=_SCRIPTS.get(flavor.name, EXAMPLE))
     try:
         if not job.start_training(3, _WARM_STEPS, _START_TIMEOUT):
             trial.problem = "the 3-node job did not start training"
@@ -208,7 +216,7 @@ def markdown(trials: list[Trial], result: dict[str, Any]) -> str:
 
 Speed-up of torchflex (median recovery): {ratio("speedup_vs_default")} vs torchrun defaults,
 {ratio("speedup_vs_tuned")} vs tuned torchrun. Targets: torchflex ≤ 2 s, ≥ 20x vs defaults,
-≥ 2.5x vs tuned; join ≤ 3 s.
+≥ 2.5x vs tuned; join ≤ 3 s; torchflex-state (the state API, in place) ≤ 0.15 s.
 
 The job: 3 nodes (`--nnodes 2:3`), one worker each (`examples/train_elastic.py
 --print-time`, gloo on CPU, a step every 100 ms, checkpoint every 10 steps and on
@@ -220,7 +228,11 @@ so torchrun is measured in its best case. Recovery is measured from the kill to 
 first step line (the worker's own wall clock) of the re-formed group of 2 on every
 survivor; join from the new launcher's start to the first step at world 3 on every
 node (for torchflex this includes the new agent's own start-up: Python, imports,
-rendezvous, its worker).
+rendezvous, its worker). `torchflex-state` runs `examples/train_stateful.py` (the same
+training adopting the state API, docs/state-api.md) under the same `torchflex-agent`: the
+survivors' workers keep their processes, re-create the process group in place and resume
+from their in-memory copies; its recovery includes the rest of the step in flight (a
+survivor notices the loss at its next collective) and the first step at world 2 (0.1 s).
 
 torchrun settings: `--rdzv-backend c10d --max-restarts 100` (its default 0 ends the
 job at the first loss) with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (with the shared

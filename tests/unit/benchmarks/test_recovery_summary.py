@@ -50,3 +50,13 @@ def test_markdown_counts_failures_per_phase() -> None:
     assert "| torchrun-tuned | 7.00 s (6.00-8.00, n=2) | n/a | 0 / 2 |" in text
     assert "| torchflex | 0.40 s (0.30-0.50, n=3) | 2.75 s (2.50-3.00, n=2) | 0 / 1 |" in text
     assert "join timed out" in text
+
+
+def test_state_api_launcher_has_its_own_row_and_median() -> None:
+    trials = [*_trials(), Trial("torchflex-state", 0.2, 2.0), Trial("torchflex-state", 0.3, None)]
+    result = summary(trials)
+    assert result["torchflex_state_s"] == pytest.approx(0.25)
+    assert result["torchflex_state_join_s"] == pytest.approx(2.0)
+    assert result["torchflex_s"] == pytest.approx(0.4)  # the unchanged script's row is its own
+    text = markdown(trials, result)
+    assert "| torchflex-state | 0.25 s (0.20-0.30, n=2) | 2.00 s (2.00-2.00, n=1) | 0 / 1 |" in text
