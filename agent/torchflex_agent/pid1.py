@@ -49,8 +49,13 @@ def become_init_if_pid1() -> None:
     """Return at once as the agent; as PID 1, fork and never return in the parent."""
     if os.getpid() != 1:
         return
+    # The kernel drops a signal sent to a namespace's init whose disposition is the
+    # default (the kubelet's SIGTERM, until PID 1 has its handlers), but never a
+    # blocked one: it stays pending and reaches the handler once unblocked.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     agent = os.fork()
     if agent == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         return
     _init(agent)
 
@@ -65,6 +70,7 @@ def _init(agent: int) -> NoReturn:
             signal.signal(sig, forward)
         except (OSError, ValueError):
             continue  # not settable on this platform (e.g. real-time signals in use)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # what came meanwhile goes on now
     while True:
         # Blocking wait for any child; a forwarded signal interrupts it and
         # Python retries it (PEP 475). Orphans re-parented to us end here too.

@@ -8,7 +8,8 @@ while Kueue holds the job, when the watch has not delivered it, and once per
 ``queueing.gate``, and after
 applying the plan calls ``write``, which does what ``queueing.workload_action``
 decided: create the Workload, give an evicted job's quota reservation back,
-or mark it Finished. Decisions stay in ``queueing``; nothing here decides.
+mark it Finished, or delete it (the job's replicas changed, or its queue label
+was removed). Decisions stay in ``queueing``; nothing here decides.
 """
 
 from __future__ import annotations
@@ -57,10 +58,11 @@ class Workloads:
         self.read_at.pop(key, None)
 
     async def view(self, key: JobKey, job: JobSpec) -> queueing.WorkloadView | None:
-        """A queued job's Workload (None: not queued, or no Workload yet)."""
-        if job.queue_name is None:
-            return None
+        """A queued job's Workload (None: no Workload yet). A job whose queue label
+        was removed gets its cached Workload, if any, so that ``write`` deletes it."""
         obj = self.objects.get(key)
+        if job.queue_name is None:
+            return None if obj is None else queueing.WorkloadView.parse(obj)
         cached = None if obj is None else queueing.WorkloadView.parse(obj)
         read = self.read_at.get(key)
         age = None if read is None else time.monotonic() - read
@@ -90,6 +92,11 @@ class Workloads:
             await self._create(key, job)
             return
         if view is None or action is queueing.WorkloadAction.NONE:
+            return
+        if action is queueing.WorkloadAction.DELETE:
+            await self.kube.delete_workload(key[0], view.name, view.uid)
+            self.forget(key)
+            log.info("%s/%s: workload %s: deleted", *key, view.name)
             return
         if action is queueing.WorkloadAction.RELEASE:
             patch = queueing.release_patch(view, now)

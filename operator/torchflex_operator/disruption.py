@@ -19,9 +19,12 @@ would pin its node even after the job shrank. Workers carry
 store and etcd pods carry ``"false"``: evicting one ends every worker's
 rendezvous, so their node stays until the job ends. A template's own value
 wins (``manifests.safe_to_evict``, written by ``builders`` and
-``manifests.aux_pod``). The reconciler writes the budget once per
-``minReplicas`` (and deletes it when the job has finished); the owner
-reference has the garbage collector delete it with the job.
+``manifests.aux_pod``). The reconciler writes the budget when
+``minReplicas`` changes and again once per resync (so a budget deleted or
+edited by hand comes back), and deletes it when the job has finished; the
+owner reference has the garbage collector delete it with the job. A budget of
+that name that the job does not own (a user's) is neither patched nor deleted
+(``NotOursError``: the reconciler says so in a Warning Event).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchflex_contract.labels import Label, Role
+from torchflex_operator.errors import NotOursError
 from torchflex_operator.manifests import Manifest, object_labels, owner_ref
 from torchflex_operator.spec import JobSpec
 
@@ -69,9 +73,23 @@ def pod_disruption_budget(job: JobSpec) -> Manifest:
     }
 
 
+def owned(current: Mapping[str, Any], owner_uid: str) -> bool:
+    """Whether the object names the job (by UID) among its owners."""
+    refs = (current.get("metadata") or {}).get("ownerReferences") or ()
+    return any(isinstance(r, Mapping) and r.get("uid") == owner_uid for r in refs)
+
+
 def spec_patch(want: Mapping[str, Any], current: Mapping[str, Any]) -> Manifest | None:
     """The merge patch that brings an existing budget's owned fields to ``want``'s
-    (a ``pod_disruption_budget`` manifest); None when they already match."""
+    (a ``pod_disruption_budget`` manifest); None when they already match.
+    ``NotOursError`` when the existing budget is not the job's."""
+    meta = want["metadata"]
+    if not owned(current, meta["ownerReferences"][0]["uid"]):
+        raise NotOursError(
+            f"a PodDisruptionBudget {meta['namespace']}/{meta['name']} exists that this "
+            "ElasticJob does not own; the operator leaves it as it is (rename or delete "
+            "it for the job to get its own)"
+        )
     wanted, have = want.get("spec") or {}, current.get("spec") or {}
     diff = {k: wanted[k] for k in _OWNED if k in wanted and have.get(k) != wanted[k]}
     if not diff:
@@ -82,7 +100,9 @@ def spec_patch(want: Mapping[str, Any], current: Mapping[str, Any]) -> Manifest 
     return {"spec": diff}
 
 
-def needs_write(job: JobSpec, written: int | None) -> bool:
+def needs_write(job: JobSpec, written: int | None, age_s: float | None, every_s: float) -> bool:
     """Whether this process must (re)write the job's budget: it has not written one
-    yet, or wrote another ``minAvailable`` (``minReplicas`` changed)."""
-    return written != job.min_replicas
+    yet, wrote another ``minAvailable`` (``minReplicas`` changed), or last wrote it
+    ``age_s`` ago, at least ``every_s`` (a hand-deleted budget comes back; the write
+    is a read when nothing differs)."""
+    return written != job.min_replicas or age_s is None or age_s >= every_s

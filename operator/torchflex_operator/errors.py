@@ -60,6 +60,12 @@ class RefusedError(PermanentError):
         self.server_message = server_message
 
 
+class NotOursError(PermanentError):
+    """An object exists under the name the operator would give its own, and is not
+    owned by the job (a user's PodDisruptionBudget named like the job): the operator
+    neither patches nor deletes it, and says so on the job."""
+
+
 class ApiAbsentError(PermanentError):
     """The API answered 404 for an optional group version's object (PodGroups on a
     cluster without the Workload API): the caller falls back instead of failing."""

@@ -59,7 +59,8 @@ def suspend(
         current is not None and current.reason != reason.value
     ):
         p.plan.event(
-            EventType.NORMAL if event is EventReason.SUSPENDED else EventType.WARNING,
+            # Only an eviction is a warning: waiting for admission is a queue's normal state.
+            EventType.WARNING if event is EventReason.EVICTED_BY_KUEUE else EventType.NORMAL,
             event,
             f"{message}; deleting {len(pods)} pod(s)" if pods else message,
         )

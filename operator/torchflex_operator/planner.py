@@ -438,7 +438,7 @@ class _Pass:
             lifecycle.hold(self, self.obs.queue)
         else:
             self.decide()
-        if self.obs.queue is not None and not self.finished:
+        if self.obs.queue is not None and not self.finished and not self.job.suspend:
             # Kueue's word is re-read this often (``queueing.must_read``).
             self.plan.wake_in(self.settings.queue_poll_s)
         if self.finished:

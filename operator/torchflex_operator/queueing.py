@@ -35,7 +35,13 @@ from torchflex_contract.labels import Role
 from torchflex_operator.manifests import Manifest, object_labels, owner_ref
 from torchflex_operator.spec import JobSpec
 from torchflex_operator.timestamps import format_time
-from torchflex_operator.vocabulary import KueueCondition, KueueEvictionReason, Phase
+from torchflex_operator.vocabulary import (
+    KueueCondition,
+    KueueConditionReason,
+    KueueEvictionReason,
+    KueueLabel,
+    Phase,
+)
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
@@ -44,7 +50,6 @@ PLURAL = "workloads"
 KIND = "Workload"
 PRIORITY_CLASSES = "workloadpriorityclasses"
 POD_SET = "workers"
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 # Kueue's Workload condition types (apis/kueue/v1beta2/workload_types.go).
 QUOTA_RESERVED = KueueCondition.QUOTA_RESERVED.value
 ADMITTED = KueueCondition.ADMITTED.value
@@ -85,7 +90,7 @@ def workload(job: JobSpec, priority: int | None) -> Manifest:
             "name": workload_name(job),
             "namespace": job.namespace,
             # Kueue names the job's UID in its messages (and its metrics) from this label.
-            "labels": {**object_labels(job, Role.WORKER), JOB_UID_LABEL: job.uid},
+            "labels": {**object_labels(job, Role.WORKER), KueueLabel.JOB_UID.value: job.uid},
             "ownerReferences": [owner_ref(job)],
         },
         "spec": spec,
@@ -115,6 +120,8 @@ class WorkloadView:
     finished: bool = False
     count: int | None = None
     """``status.admission.podSetAssignments[workers].count``: the admitted pods."""
+    asked: tuple[int | None, int | None] = (None, None)
+    """``spec.podSets[workers]``'s ``(count, minCount)``: what the Workload asks quota for."""
     message: str = ""
     """Kueue's word on it: the Evicted, else QuotaReserved condition's message."""
     conditions: tuple[Mapping[str, Any], ...] = ()
@@ -129,6 +136,9 @@ class WorkloadView:
             (a.get("count") for a in assignments if a.get("name") == POD_SET),
             None,
         )
+        sets = (obj.get("spec") or {}).get("podSets") or ()
+        pod_set: Mapping[str, Any] = next((s for s in sets if s.get("name") == POD_SET), {})
+        count_asked, min_asked = pod_set.get("count"), pod_set.get("minCount")
         evicted = _condition(conds, EVICTED)
         reserved = _condition(conds, QUOTA_RESERVED)
         said = evicted if _true(evicted) else reserved
@@ -143,6 +153,10 @@ class WorkloadView:
             evicted_reason=str((evicted or {}).get("reason", "")),
             finished=_true(_condition(conds, FINISHED)),
             count=count if isinstance(count, int) else None,
+            asked=(
+                count_asked if isinstance(count_asked, int) else None,
+                min_asked if isinstance(min_asked, int) else None,
+            ),
             message=str((said or {}).get("message", "")),
             conditions=conds,
         )
@@ -172,6 +186,12 @@ class Gate:
         return self.admission is not Admission.ADMITTED
 
 
+def stale(job: JobSpec, view: WorkloadView) -> bool:
+    """Whether the Workload asks quota for other replicas than the job's (``minReplicas``
+    or ``maxReplicas`` edited since it was created): it is replaced, never obeyed."""
+    return view.asked != (job.max_replicas, job.min_replicas)
+
+
 def gate(job: JobSpec, view: WorkloadView | None) -> Gate | None:
     """None for a job that is not queued; else what its Workload allows."""
     if job.queue_name is None:
@@ -181,11 +201,29 @@ def gate(job: JobSpec, view: WorkloadView | None) -> Gate | None:
         return Gate(Admission.WAITING, name, queue, message="its Workload is being created")
     if view.evicted and view.quota_reserved:  # its quota is given back once no pod is left
         return Gate(Admission.EVICTED, name, queue, message=view.message or "evicted")
+    if stale(job, view):
+        # Running on the old admission would use quota Kueue never granted (a raised
+        # minimum) or hold quota the job cannot use: stop, then ask again.
+        count, min_count = view.asked
+        return Gate(
+            Admission.WAITING,
+            name,
+            queue,
+            message=f"its Workload asked for {min_count}-{count} pods and the job now runs "
+            f"{job.min_replicas}-{job.max_replicas}: it is replaced once no pod is left",
+        )
     if not view.admitted:
         return Gate(Admission.WAITING, name, queue, message=view.message or "not admitted yet")
-    # Admitted without a count is admitted whole; a count outside [min, max] is clamped.
+    # Admitted without a count is admitted whole. A count outside [min, max] is never
+    # stretched to fit: more pods than admitted would run on quota nobody reserved.
     count = job.max_replicas if view.count is None else view.count
-    count = max(job.min_replicas, min(job.max_replicas, count))
+    if not job.min_replicas <= count <= job.max_replicas:
+        return Gate(
+            Admission.WAITING,
+            name,
+            queue,
+            message=f"Kueue admitted {count} pods, outside {job.min_replicas}-{job.max_replicas}",
+        )
     return Gate(Admission.ADMITTED, name, queue, count=count)
 
 
@@ -216,15 +254,23 @@ class WorkloadAction(enum.Enum):
     """Evicted and no pod left: give the quota reservation back (Kueue requeues it)."""
     FINISH = "finish"
     """The job finished: mark the Workload Finished (frees the quota)."""
+    DELETE = "delete"
+    """The job names no queue any more, or its replicas changed (``stale``) and no pod
+    is left: delete the Workload (frees its quota; a stale one is created anew)."""
 
 
 def workload_action(
     job: JobSpec, view: WorkloadView | None, phase: Phase | None, pods_left: int
 ) -> WorkloadAction:
-    """What the reconciler writes on the Workload after the pass (pure)."""
-    if job.queue_name is None or job.deleting:
-        return WorkloadAction.NONE
+    """What the reconciler writes on the Workload after the pass (pure). ``view`` is
+    also given for a job whose queue label was removed (from the watch's cache)."""
+    if job.deleting:
+        return WorkloadAction.NONE  # the garbage collector deletes it with the job
     finished = phase is not None and phase.finished
+    if job.queue_name is None:
+        # Unlabelled, the job runs ungated: its Workload must not keep quota reserved.
+        gone = view is None or view.finished
+        return WorkloadAction.NONE if gone else WorkloadAction.DELETE
     if view is None:
         return WorkloadAction.NONE if finished else WorkloadAction.CREATE
     if view.finished:
@@ -233,6 +279,8 @@ def workload_action(
         return WorkloadAction.FINISH
     if view.evicted and view.quota_reserved and pods_left == 0:
         return WorkloadAction.RELEASE
+    if stale(job, view) and pods_left == 0:
+        return WorkloadAction.DELETE
     return WorkloadAction.NONE
 
 
@@ -262,14 +310,19 @@ def release_patch(view: WorkloadView, now: dt.datetime) -> Manifest:
         {
             "type": REQUEUED,
             "status": requeued,
-            "reason": view.evicted_reason or "Evicted",
+            "reason": view.evicted_reason or KueueConditionReason.EVICTED.value,
             "message": view.message,
         },
-        {"type": QUOTA_RESERVED, "status": "False", "reason": "Pending", "message": view.message},
+        {
+            "type": QUOTA_RESERVED,
+            "status": "False",
+            "reason": KueueConditionReason.PENDING.value,
+            "message": view.message,
+        },
         {
             "type": ADMITTED,
             "status": "False",
-            "reason": "NoReservation",
+            "reason": KueueConditionReason.NO_RESERVATION.value,
             "message": "The workload has no reservation",
         },
     ):
@@ -283,7 +336,9 @@ def finished_patch(view: WorkloadView, phase: Phase, now: dt.datetime) -> Manife
     new = {
         "type": FINISHED,
         "status": "True",
-        "reason": "Succeeded" if succeeded else "Failed",
+        "reason": (
+            KueueConditionReason.SUCCEEDED if succeeded else KueueConditionReason.FAILED
+        ).value,
         "message": "the ElasticJob " + ("succeeded" if succeeded else "failed"),
         "observedGeneration": view.generation,
     }

@@ -46,6 +46,7 @@ from torchflex_operator.errors import (
     ApiAbsentError,
     ConflictError,
     InvalidSpecError,
+    NotOursError,
     PermanentError,
     RefusedError,
     RetryableError,
@@ -113,13 +114,15 @@ class Reconciler:
         """Ids of the job's ``status.pendingEvents`` posted by this process."""
         self._denied_warned_at: float | None = None
         self._gangs: dict[JobKey, int] = {}
-        self._budgets: dict[JobKey, int | None] = {}
-        """The ``minAvailable`` this process wrote to each job's PodDisruptionBudget; None:
-        deleted (the job finished)."""
+        """The gang ``minCount`` this process wrote to each job's PodGroup (``gang``)."""
+        self._budgets: dict[JobKey, tuple[int | None, float]] = {}
+        """The ``minAvailable`` this process wrote to each job's PodDisruptionBudget (None:
+        deleted, the job finished) and when (``time.monotonic``)."""
+        self._budget_refused: dict[JobKey, str] = {}
+        """The last reason a job's budget could not be written (said once in an Event)."""
         self.workloads = Workloads(kube, settings.queue_poll_s)
         self._gang_asked = asyncio.Lock()
         """Held while discovery is asked: the workers' first passes ask once between them."""
-        """The gang ``minCount`` this process wrote to each job's PodGroup (``gang``)."""
         self.metrics.instrument(self.queue, lambda: self.jobs if self.gate.active else {})
 
     # -- lifecycle ------------------------------------------------------------------
@@ -156,6 +159,7 @@ class Reconciler:
         self._posted.pop(key, None)
         self._gangs.pop(key, None)
         self._budgets.pop(key, None)
+        self._budget_refused.pop(key, None)
         self.workloads.forget(key)
 
     def _gate_changed(self, active: bool) -> None:
@@ -301,7 +305,7 @@ class Reconciler:
             finished = phase is not None and phase.finished
             if mode is GangScheduling.ENABLED and not finished:
                 await self._apply_gang(key, job)
-            await self._apply_budget(key, job, finished)
+            await self._apply_budget(key, obj, job, finished, now)
         await self.apply(key, obj, result, now)
         phase = None if result.status is None else result.status.phase
         await self.workloads.write(key, job, view, phase=phase, pods=len(observed.pods), now=now)
@@ -344,16 +348,33 @@ class Reconciler:
             raise RetryableError(str(exc)) from exc
         self._gangs[key] = job.min_replicas
 
-    async def _apply_budget(self, key: JobKey, job: JobSpec, finished: bool) -> None:
+    async def _apply_budget(
+        self, key: JobKey, obj: Mapping[str, Any], job: JobSpec, finished: bool, now: dt.datetime
+    ) -> None:
         """Write the job's PodDisruptionBudget while it lives (again when ``minReplicas``
-        changes); delete it once it has finished: no minimum to hold any more."""
-        if finished:
-            if key not in self._budgets or self._budgets[key] is not None:
-                await self.kube.delete_disruption_budget(job.namespace, disruption.budget_name(job))
-                self._budgets[key] = None
-        elif disruption.needs_write(job, self._budgets.get(key)):
-            await self.kube.apply_disruption_budget(disruption.pod_disruption_budget(job))
-            self._budgets[key] = job.min_replicas
+        changes, and once per resync); delete it once it has finished: no minimum to
+        hold any more. A budget the API refuses, or one of that name the job does not
+        own, is said in a Warning Event and the pass goes on: the job runs without it."""
+        written, at = self._budgets.get(key, (None, None))
+        age = None if at is None else time.monotonic() - at
+        try:
+            if finished:
+                if at is None or written is not None:
+                    await self.kube.delete_disruption_budget(
+                        job.namespace, disruption.budget_name(job), job.uid
+                    )
+                    self._budgets[key] = (None, time.monotonic())
+            elif disruption.needs_write(job, written, age, self.settings.resync_s):
+                await self.kube.apply_disruption_budget(disruption.pod_disruption_budget(job))
+                self._budgets[key] = (job.min_replicas, time.monotonic())
+                self._budget_refused.pop(key, None)
+        except (NotOursError, RefusedError, AccessDeniedError) as exc:
+            message = f"PodDisruptionBudget {disruption.budget_name(job)} not written: {exc}"
+            log.warning("%s/%s: %s", *key, message)
+            if self._budget_refused.get(key) != message and await self._event(
+                obj, EventType.WARNING, EventReason.BUDGET_NOT_APPLIED, message, now
+            ):
+                self._budget_refused[key] = message
 
     async def apply(
         self, key: JobKey, obj: Mapping[str, Any], result: Plan, now: dt.datetime

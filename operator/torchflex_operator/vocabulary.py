@@ -147,6 +147,8 @@ class EventReason(enum.StrEnum):
     PENDING_CAP_REACHED = "PendingCapReached"
     INVALID_SPEC = "InvalidSpec"
     """The spec passed the CRD schema but not ``JobSpec.parse`` (Warning; no pass runs)."""
+    BUDGET_NOT_APPLIED = "DisruptionBudgetNotApplied"
+    """The job's PodDisruptionBudget could not be written (Warning; the job runs without it)."""
 
 
 class GangScheduling(enum.StrEnum):
@@ -168,12 +170,15 @@ class AutoscalerAnnotation(enum.StrEnum):
 
 
 class KueueLabel(enum.StrEnum):
-    """Kueue's label keys the operator reads on an ElasticJob (``queueing``)."""
+    """Kueue's label keys the operator reads on an ElasticJob or writes on its
+    Workload (``queueing``)."""
 
     QUEUE_NAME = "kueue.x-k8s.io/queue-name"
     """The LocalQueue: a job labelled with it runs only while its Workload is admitted."""
     PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
     """A WorkloadPriorityClass: its value is the Workload's priority (preemption)."""
+    JOB_UID = "kueue.x-k8s.io/job-uid"
+    """On the Workload: the job's UID, which Kueue names in its messages and metrics."""
 
 
 class KueueCondition(enum.StrEnum):
@@ -184,6 +189,21 @@ class KueueCondition(enum.StrEnum):
     EVICTED = "Evicted"
     REQUEUED = "Requeued"
     FINISHED = "Finished"
+
+
+class KueueConditionReason(enum.StrEnum):
+    """Reasons of the Workload conditions the operator writes, as Kueue's own job
+    controllers write them (``queueing.release_patch``, ``finished_patch``)."""
+
+    EVICTED = "Evicted"
+    """Requeued's reason when Kueue's Evicted condition named none."""
+    PENDING = "Pending"
+    """QuotaReserved=False once the reservation is given back."""
+    NO_RESERVATION = "NoReservation"
+    """Admitted=False once the reservation is given back."""
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    """Finished=True's reason: how the job ended."""
 
 
 class KueueEvictionReason(enum.StrEnum):

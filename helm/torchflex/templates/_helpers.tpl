@@ -190,12 +190,13 @@ watches for handlers.py.
   resources: [poddisruptionbudgets]
   verbs: [create, get, patch, delete]
 # Kueue admission of a job labelled kueue.x-k8s.io/queue-name: its Workload is watched
-# by kopf, read, created; its status is patched to release an evicted job's quota
-# reservation and to mark it Finished (Kueue's external-framework contract). Unused
-# where Kueue is not installed.
+# by kopf, read, created, and deleted when the job's replicas change (it is created
+# anew) or its queue label is removed; its status is patched to release an evicted
+# job's quota reservation and to mark it Finished (Kueue's external-framework
+# contract). Unused where Kueue is not installed.
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [list, watch, get, create]
+  verbs: [list, watch, get, create, delete]
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [patch]

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from torchflex_contract import labels
 from torchflex_operator.errors import ConflictError, PermanentError
@@ -214,18 +213,13 @@ class Kube(SchedulingCalls):
 
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Lease as a dict, or None when it does not exist."""
-        try:
-            obj = await self._call(
-                f"get lease {namespace}/{name}",
-                lambda: self.coordination.read_namespaced_lease(
-                    name, namespace, _request_timeout=TIMEOUT_S
-                ),
-            )
-        except PermanentError as exc:
-            if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
-                return None
-            raise
-        return self._dict(obj)
+        return await self._get_or_none(
+            f"get lease {namespace}/{name}",
+            lambda: self.coordination.read_namespaced_lease(
+                name, namespace, _request_timeout=TIMEOUT_S
+            ),
+            convert=self._dict,
+        )
 
     async def create_lease(
         self, namespace: str, name: str, spec: Mapping[str, Any]

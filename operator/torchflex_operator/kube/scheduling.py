@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from torchflex_operator import disruption, gang, queueing
@@ -74,13 +75,27 @@ class SchedulingCalls(KubeBase):
             diff=disruption.spec_patch,
         )
 
-    async def delete_disruption_budget(self, namespace: str, name: str) -> bool:
-        """Delete the budget; False when it was not there (404)."""
+    async def delete_disruption_budget(self, namespace: str, name: str, owner_uid: str) -> bool:
+        """Delete the budget if the job (``owner_uid``) owns it, with its UID as a
+        precondition; False when it was not there, or is not the job's."""
+        current = await self._get_or_none(
+            f"get poddisruptionbudget {namespace}/{name}",
+            lambda: self.policy.read_namespaced_pod_disruption_budget(
+                name, namespace, _request_timeout=TIMEOUT_S
+            ),
+            convert=self._dict,
+        )
+        if current is None or not disruption.owned(current, owner_uid):
+            return False
+        uid = current["metadata"]["uid"]
         return await self._ignore(
-            (404,),
+            (404, 409),
             f"delete poddisruptionbudget {namespace}/{name}",
             lambda: self.policy.delete_namespaced_pod_disruption_budget(
-                name, namespace, _request_timeout=TIMEOUT_S
+                name,
+                namespace,
+                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+                _request_timeout=TIMEOUT_S,
             ),
         )
 
@@ -127,6 +142,20 @@ class SchedulingCalls(KubeBase):
                 raise ApiAbsentError(str(exc)) from exc.__cause__
             raise as_refusal(exc) from exc.__cause__
         return dict(obj)
+
+    async def delete_workload(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the Workload with this UID (a precondition: one created anew under
+        the same name meanwhile stays); False when it was not there (404) or is
+        another one (409)."""
+        body: Any = {"preconditions": {"uid": uid}} if uid else {}
+        return await self._ignore(
+            (404, 409),
+            f"delete workload {namespace}/{name}",
+            lambda: self.kueue.delete_namespaced_custom_object(
+                queueing.GROUP, queueing.VERSION, namespace, queueing.PLURAL, name,
+                body=body, _request_timeout=TIMEOUT_S,
+            ),
+        )  # fmt: skip
 
     async def patch_workload_status(
         self, namespace: str, name: str, resource_version: str, patch: Mapping[str, Any]

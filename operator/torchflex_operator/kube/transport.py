@@ -201,11 +201,18 @@ class KubeBase:
         if change is not None:
             await self._call(f"patch {kind} {ns}/{name}", lambda: patch(name, ns, change))
 
-    async def _get_or_none(self, what: str, fn: Callable[[], Any]) -> dict[str, Any] | None:
+    async def _get_or_none(
+        self,
+        what: str,
+        fn: Callable[[], Any],
+        convert: Callable[[Any], dict[str, Any]] = dict,
+    ) -> dict[str, Any] | None:
+        """``fn``'s object as a dict (``convert``: ``self._dict`` for the client's typed
+        models), or None when the API answers 404."""
         try:
             obj: Any = await self._call(what, fn)
         except PermanentError as exc:
             if isinstance(exc.__cause__, ApiException) and exc.__cause__.status == 404:
                 return None
             raise
-        return dict(obj)
+        return convert(obj)

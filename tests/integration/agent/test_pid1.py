@@ -3,8 +3,9 @@
 In a container the agent is PID 1 of the pod's PID namespace. Here a real
 PID namespace (``unshare --pid --fork --mount-proc``, the harness's own
 process tree) plays the container: the code under test forks, stays PID 1 as
-the init and the script goes on as the agent, which orphans a grandchild,
-has a SIGTERM sent to PID 1 and exits; ``unshare`` returns PID 1's status.
+the init and the script goes on as the agent, which sends a SIGTERM to PID 1
+at once (while PID 1 may still be installing its handlers), orphans a
+grandchild, has a SIGTERM sent to PID 1 again and exits; ``unshare`` returns PID 1's status.
 ``tests/realnode/test_elasticjob.py`` checks the same in the agent image.
 """
 
@@ -18,10 +19,12 @@ import pytest
 SCRIPT = """
 import os, signal, sys, time
 from torchflex_agent import pid1
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))  # the agent's
 pid1.become_init_if_pid1()
 assert (os.getpid(), os.getppid()) == (2, 1), (os.getpid(), os.getppid())
-got = []
-signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+# At once, while PID 1 may still be installing its handlers: blocked, never dropped.
+os.kill(1, signal.SIGTERM)
 if os.fork() == 0:  # a child that leaves a grandchild behind: the orphan
     if os.fork() == 0:
         time.sleep(0.3)
@@ -48,7 +51,7 @@ print("zombies", [pid for pid, state in processes() if state == "Z"], flush=True
 print("processes", [pid for pid, _ in processes()], flush=True)
 os.kill(1, signal.SIGTERM)  # as the kubelet signals the container's PID 1
 for _ in range(100):
-    if got:
+    if len(got) == 2:
         break
     time.sleep(0.1)
 print("forwarded", got, flush=True)
@@ -72,7 +75,7 @@ def test_as_pid1_the_agent_runs_under_an_init_that_reaps_forwards_and_keeps_its_
     assert out.returncode == code, out.stdout + out.stderr
     # Only PID 1 (the init) and PID 2 (the agent) are left: the orphan was reaped.
     assert "zombies []\nprocesses ['1', '2']\n" in out.stdout, out.stdout + out.stderr
-    assert f"forwarded [{15}]" in out.stdout, out.stdout + out.stderr
+    assert f"forwarded [{15}, {15}]" in out.stdout, out.stdout + out.stderr
 
 
 def test_not_pid1_nothing_happens() -> None:

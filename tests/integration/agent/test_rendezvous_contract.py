@@ -172,7 +172,7 @@ def test_timeout_below_minimum_is_a_clear_error(backend: Backend) -> None:
     errors = [str(o.error) for o in outcomes]
     for o in outcomes:
         assert isinstance(o.error, RendezvousTimeoutError), o.error
-        assert 0.9 <= o.elapsed < 5.0
+        assert o.elapsed >= 0.9  # not before its 1 s join timeout (how late: benchmarks' job)
     # The first to time out leaves (aborts round 0). The other either times out in
     # round 0 too, or (started a little later, so its deadline is later) sees the
     # abort, moves on, and times out alone: each error says what it saw.

@@ -26,9 +26,7 @@ any DNS server.
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import socket
 import subprocess
 import threading
@@ -49,10 +47,8 @@ STORE_DNS = f"{_NET}.1"
 CLIENT_DNS = f"{_NET}.2"
 CLIENTS = 3
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root and unshare(1): a private mount namespace and port 53",
-)
+# Needs root and unshare(1) (a private mount namespace, port 53), as the other
+# tiers on the local control plane do: not met, it fails rather than skips.
 
 
 class NxDomainDns:

@@ -1,8 +1,9 @@
 """Voluntary disruptions: the job's PodDisruptionBudget and the autoscaler's annotation.
 
 Pure tables for ``disruption`` and the pod builders; ``Kube``'s create-or-patch
-against a stand-in for the client's ``PolicyV1Api``; the reconciler's
-write-once / rewrite / delete-when-finished bookkeeping against a recording
+and owner-checked delete against a stand-in for the client's ``PolicyV1Api``;
+the reconciler's write / rewrite / delete-when-finished bookkeeping, and a
+budget it may not write (Warning Event, the pass goes on), against a recording
 stand-in for ``Kube``. What a real drain does with the budget is proved in
 tests/e2e/test_autoscaler.py.
 """
@@ -26,10 +27,11 @@ from tests.unit.operator.factories import (
 )
 from torchflex_contract.labels import Label
 from torchflex_operator import backends, builders, disruption
+from torchflex_operator.errors import NotOursError
 from torchflex_operator.kube import Kube
 from torchflex_operator.reconciler import Reconciler
 from torchflex_operator.settings import Settings
-from torchflex_operator.vocabulary import AutoscalerAnnotation
+from torchflex_operator.vocabulary import AutoscalerAnnotation, EventReason
 
 SAFE = AutoscalerAnnotation.SAFE_TO_EVICT.value
 
@@ -57,6 +59,8 @@ def test_budget_holds_the_minimum_of_the_workers_only(min_replicas: int, max_rep
 
 _WANT = disruption.pod_disruption_budget(job(minReplicas=2, maxReplicas=4))
 _SELECTOR = _WANT["spec"]["selector"]
+_OURS = {"uid": "pdb-uid", "ownerReferences": _WANT["metadata"]["ownerReferences"]}
+_OURS_UID = _WANT["metadata"]["ownerReferences"][0]["uid"]
 
 
 @pytest.mark.parametrize(
@@ -79,13 +83,30 @@ _SELECTOR = _WANT["spec"]["selector"]
 def test_spec_patch_brings_back_only_the_owned_fields(
     current: dict[str, Any], patch: dict[str, Any] | None
 ) -> None:
-    got = disruption.spec_patch(_WANT, {"spec": current})
+    got = disruption.spec_patch(_WANT, {"metadata": _OURS, "spec": current})
     assert got == (None if patch is None else {"spec": patch})
 
 
-@pytest.mark.parametrize(("written", "needed"), [(None, True), (2, False), (1, True), (3, True)])
-def test_written_once_per_minimum(written: int | None, needed: bool) -> None:
-    assert disruption.needs_write(job(minReplicas=2, maxReplicas=4), written) is needed
+@pytest.mark.parametrize(
+    "meta",
+    [{}, {"ownerReferences": [{"kind": "ElasticJob", "name": NAME, "uid": "another-job"}]}],
+    ids=["no-owner", "other-owner"],
+)
+def test_a_budget_the_job_does_not_own_is_never_patched(meta: dict[str, Any]) -> None:
+    with pytest.raises(NotOursError, match="does not own"):
+        disruption.spec_patch(_WANT, {"metadata": meta, "spec": {"minAvailable": 0}})
+
+
+@pytest.mark.parametrize(
+    ("written", "age_s", "needed"),
+    [(None, None, True), (2, 5.0, False), (1, 5.0, True), (3, 5.0, True), (2, 60.0, True)],
+    ids=["never", "fresh", "lower-min", "higher-min", "resync-due"],
+)
+def test_written_per_minimum_and_once_per_resync(
+    written: int | None, age_s: float | None, needed: bool
+) -> None:
+    spec = job(minReplicas=2, maxReplicas=4)
+    assert disruption.needs_write(spec, written, age_s, every_s=60.0) is needed
 
 
 @pytest.mark.parametrize(
@@ -134,10 +155,43 @@ def test_existing_budget_gets_only_its_difference_patched(existing: int, patched
         assert kwargs["_content_type"] == "application/merge-patch+json"
 
 
-@pytest.mark.parametrize(("answer", "deleted"), [(lambda *_, **__: {}, True), (None, False)])
-def test_delete_of_a_missing_budget_is_no_error(answer: Any, deleted: bool) -> None:
-    api = ClientStandIn(delete_namespaced_pod_disruption_budget=answer or raising(api_error(404)))
-    assert asyncio.run(_kube(api).delete_disruption_budget(NS, NAME)) is deleted
+def test_an_existing_budget_of_another_owner_is_left_alone() -> None:
+    current = {**_WANT, "metadata": {**_WANT["metadata"], "ownerReferences": []}}
+    api = ClientStandIn(
+        create_namespaced_pod_disruption_budget=raising(api_error(409)),
+        read_namespaced_pod_disruption_budget=lambda *_, **__: current,
+        patch_namespaced_pod_disruption_budget=lambda *_, **__: {},
+    )
+    with pytest.raises(NotOursError):
+        asyncio.run(_kube(api).apply_disruption_budget(_WANT))
+    assert not [c for c in api.calls if c[0] == "patch_namespaced_pod_disruption_budget"]
+
+
+@pytest.mark.parametrize(
+    ("meta", "read_answer", "deleted"),
+    [
+        (_OURS, None, True),
+        (None, api_error(404), False),  # gone already: no error
+        ({"uid": "user-pdb", "ownerReferences": []}, None, False),  # a user's: never deleted
+    ],
+    ids=["ours", "missing", "not-ours"],
+)
+def test_delete_takes_only_the_jobs_own_budget(
+    meta: dict[str, Any] | None, read_answer: Exception | None, deleted: bool
+) -> None:
+    current = {"metadata": meta, "spec": {}}
+    api = ClientStandIn(
+        read_namespaced_pod_disruption_budget=(
+            raising(read_answer) if read_answer else lambda *_, **__: current
+        ),
+        delete_namespaced_pod_disruption_budget=lambda *_, **__: {},
+    )
+    assert asyncio.run(_kube(api).delete_disruption_budget(NS, NAME, _OURS_UID)) is deleted
+    deletes = [c for c in api.calls if c[0] == "delete_namespaced_pod_disruption_budget"]
+    assert len(deletes) == int(deleted)
+    if deleted:
+        ((_, _, kwargs),) = deletes
+        assert kwargs["body"].preconditions.uid == "pdb-uid"  # not one made anew meanwhile
 
 
 # -- the reconciler: written once, again on a new minimum, deleted when finished ------
@@ -146,17 +200,21 @@ def test_delete_of_a_missing_budget_is_no_error(answer: Any, deleted: bool) -> N
 class _FakeKube:
     """The ``Kube`` methods a pass calls, recording the budget's writes."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: Exception | None = None) -> None:
         self.budgets: list[tuple[str, Any]] = []
         self.status: dict[str, Any] = {}
+        self.events: list[tuple[str, str]] = []
+        self.refuse = refuse
 
     async def pod_groups_served(self) -> bool:
         return False
 
     async def apply_disruption_budget(self, manifest: dict[str, Any]) -> None:
         self.budgets.append(("apply", manifest["spec"]["minAvailable"]))
+        if self.refuse is not None:
+            raise self.refuse
 
-    async def delete_disruption_budget(self, namespace: str, name: str) -> bool:
+    async def delete_disruption_budget(self, namespace: str, name: str, owner_uid: str) -> bool:
         self.budgets.append(("delete", name))
         return True
 
@@ -176,8 +234,8 @@ class _FakeKube:
     async def delete_pod(self, *args: Any, **kwargs: Any) -> bool:
         return True
 
-    async def post_event(self, *args: Any) -> None:
-        return None
+    async def post_event(self, obj: Any, etype: str, reason: str, *_: Any) -> None:
+        self.events.append((etype, reason))
 
 
 @pytest.mark.parametrize(
@@ -187,15 +245,16 @@ class _FakeKube:
         ([{}, {"minReplicas": 3}], [("apply", 2), ("apply", 3)]),
         ([{}, {"status": "Succeeded"}, {"status": "Succeeded"}], [("apply", 2), ("delete", NAME)]),
         ([{"status": "Failed"}], [("delete", NAME)]),  # after a restart: delete once
+        ([{"resync_s": 0.0}, {"resync_s": 0.0}], [("apply", 2), ("apply", 2)]),
     ],
-    ids=["once", "new-minimum", "finished", "finished-before-start"],
+    ids=["once", "new-minimum", "finished", "finished-before-start", "resync"],
 )
-def test_reconciler_writes_the_budget_once_per_minimum_and_deletes_it_when_finished(
+def test_reconciler_writes_the_budget_per_minimum_and_resync_and_deletes_it_when_finished(
     passes: list[dict[str, Any]], writes: list[tuple[str, Any]]
 ) -> None:
     kube = _FakeKube()
-    reconciler = Reconciler(cast(Kube, kube), Settings())
     key = (NS, NAME)
+    reconciler = Reconciler(cast(Kube, kube), Settings(resync_s=passes[0].get("resync_s", 60.0)))
     for change in passes:
         obj = job_obj(replicas=2, minReplicas=change.get("minReplicas", 2))
         obj["metadata"]["resourceVersion"] = "1"
@@ -205,3 +264,19 @@ def test_reconciler_writes_the_budget_once_per_minimum_and_deletes_it_when_finis
         reconciler._synced.add(key)
         asyncio.run(reconciler.reconcile(key))
     assert kube.budgets == writes
+
+
+def test_a_budget_that_cannot_be_written_is_a_warning_and_the_pass_goes_on() -> None:
+    kube = _FakeKube(refuse=NotOursError("a PodDisruptionBudget ns/demo exists ..."))
+    reconciler = Reconciler(cast(Kube, kube), Settings(resync_s=0.0))
+    key = (NS, NAME)
+    for _ in range(2):
+        obj = job_obj(replicas=2, minReplicas=2)
+        obj["metadata"]["resourceVersion"] = "1"
+        reconciler.jobs[key] = obj
+        reconciler._synced.add(key)
+        asyncio.run(reconciler.reconcile(key))
+    assert kube.budgets == [("apply", 2), ("apply", 2)]  # tried again each resync
+    warnings = [e for e in kube.events if e[1] == EventReason.BUDGET_NOT_APPLIED.value]
+    assert warnings == [("Warning", EventReason.BUDGET_NOT_APPLIED.value)]  # said once
+    assert kube.status.get("phase")  # the pass went on and wrote the job's status

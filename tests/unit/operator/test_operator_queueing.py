@@ -37,23 +37,30 @@ def cond(ctype: str, status: str = "True", reason: str = "R", message: str = "")
             "lastTransitionTime": "2025-01-01T11:00:00Z"}  # fmt: skip
 
 
-def workload_obj(*conds: dict[str, Any], count: int | None = None) -> dict[str, Any]:
+def workload_obj(
+    *conds: dict[str, Any], count: int | None = None, asked: tuple[int, int] = (4, 2)
+) -> dict[str, Any]:
+    """A Workload of ``queued()`` (2-4 workers) unless ``asked`` says other (count, minCount)."""
     status: dict[str, Any] = {"conditions": list(conds)}
     if count is not None:
         status["admission"] = {
             "clusterQueue": "cq",
             "podSetAssignments": [{"name": queueing.POD_SET, "count": count}],
         }
+    pod_set = {"name": queueing.POD_SET, "count": asked[0], "minCount": asked[1]}
     return {"metadata": {"name": f"elasticjob-{NAME}", "namespace": NS, "uid": "w",
-                         "resourceVersion": "7", "generation": 1}, "status": status}  # fmt: skip
+                         "resourceVersion": "7", "generation": 1},
+            "spec": {"podSets": [pod_set]}, "status": status}  # fmt: skip
 
 
 ADMITTED = (cond("QuotaReserved"), cond("Admitted"))
 PREEMPTED = (*ADMITTED, cond("Evicted", reason="Preempted", message="Preempted by a higher one"))
 
 
-def view(*conds: dict[str, Any], count: int | None = None) -> WorkloadView:
-    return WorkloadView.parse(workload_obj(*conds, count=count))
+def view(
+    *conds: dict[str, Any], count: int | None = None, asked: tuple[int, int] = (4, 2)
+) -> WorkloadView:
+    return WorkloadView.parse(workload_obj(*conds, count=count, asked=asked))
 
 
 RELEASED = view(cond("QuotaReserved", "False"), cond("Evicted"))
@@ -95,8 +102,12 @@ def test_workload_is_one_pod_set_of_max_with_min_count_owned_by_the_job(
         (view(cond("QuotaReserved", "False", "Pending", "no room")), Admission.WAITING, 0),
         (view(*ADMITTED, count=3), Admission.ADMITTED, 3),
         (view(*ADMITTED), Admission.ADMITTED, 4),  # no count: admitted whole
-        (view(*ADMITTED, count=9), Admission.ADMITTED, 4),  # clamped to max
-        (view(*ADMITTED, count=1), Admission.ADMITTED, 2),  # clamped to min
+        # Never stretched to fit: more pods than admitted would run on no quota.
+        (view(*ADMITTED, count=9), Admission.WAITING, 0),
+        (view(*ADMITTED, count=1), Admission.WAITING, 0),
+        # minReplicas raised to 3 (or maxReplicas changed) after admission: replaced.
+        (view(*ADMITTED, count=2, asked=(4, 1)), Admission.WAITING, 0),
+        (view(*ADMITTED, count=5, asked=(5, 2)), Admission.WAITING, 0),
         (view(*PREEMPTED, count=3), Admission.EVICTED, 0),
         # Released after the eviction: waits to be admitted again.
         (RELEASED, Admission.WAITING, 0),
@@ -146,6 +157,10 @@ def test_a_job_without_the_label_is_not_gated() -> None:
         (view(*ADMITTED, count=3), Phase.SUCCEEDED, 0, WorkloadAction.FINISH),
         (view(*ADMITTED, count=3), Phase.FAILED, 1, WorkloadAction.FINISH),
         (view(*ADMITTED, cond("Finished")), Phase.SUCCEEDED, 0, WorkloadAction.NONE),
+        # Replicas changed since it was created: deleted once no pod is left, then anew.
+        (view(*ADMITTED, count=2, asked=(4, 1)), Phase.RUNNING, 2, WorkloadAction.NONE),
+        (view(*ADMITTED, count=2, asked=(4, 1)), Phase.SUSPENDED, 0, WorkloadAction.DELETE),
+        (view(asked=(5, 2)), Phase.SUSPENDED, 0, WorkloadAction.DELETE),
     ],
 )
 def test_workload_action(
@@ -156,6 +171,34 @@ def test_workload_action(
 
 def test_no_action_for_a_job_without_the_label() -> None:
     assert queueing.workload_action(JobSpec.parse(job_obj()), None, None, 0) is WorkloadAction.NONE
+
+
+@pytest.mark.parametrize(
+    ("wl", "action"),
+    [
+        (view(*ADMITTED, count=3), WorkloadAction.DELETE),  # its quota must not stay reserved
+        (view(*ADMITTED, cond("Finished")), WorkloadAction.NONE),
+    ],
+)
+def test_a_job_whose_queue_label_was_removed_gives_its_workload_up(
+    wl: WorkloadView, action: WorkloadAction
+) -> None:
+    unlabelled = JobSpec.parse(job_obj())
+    assert queueing.gate(unlabelled, wl) is None  # runs ungated
+    assert queueing.workload_action(unlabelled, wl, Phase.RUNNING, 3) is action
+
+
+def test_a_stale_workload_says_why_the_job_waits() -> None:
+    g = queueing.gate(queued(), view(*ADMITTED, count=2, asked=(4, 1)))
+    assert g is not None and g.holds
+    assert "asked for 1-4 pods and the job now runs 2-4" in g.message
+
+
+def test_a_suspended_queued_job_does_not_poll_its_workload() -> None:
+    spec = dataclasses.replace(queued(), suspend=True)
+    gate = queueing.gate(spec, view(*ADMITTED, count=3))
+    result = plan(spec, parsed({"phase": "Suspended"}), observed(queue=gate), NOW)
+    assert result.requeue_after is None or result.requeue_after > Settings().queue_poll_s
 
 
 @pytest.mark.parametrize(("reason", "requeued"), [("Preempted", "True"), ("Deactivated", "False")])
