@@ -50,10 +50,10 @@ class RealParts:
 
 
 def describe(image: PushedImage) -> str:
-    return (
-        f"{image.reference}: {image.local_size}, {image.pushed_bytes / 1e6:.0f} MB pushed, "
-        f"build {image.build_s:.0f} s, push {image.push_s:.0f} s"
-    )
+    head = f"{image.reference}: {image.local_size}, {image.pushed_bytes / 1e6:.0f} MB pushed"
+    if image.cached:
+        return f"{head}, in the registry already (no input changed): no build, no push"
+    return f"{head}, build {image.build_s:.0f} s, push {image.push_s:.0f} s"
 
 
 def prepare(cluster: Cluster) -> RealParts:

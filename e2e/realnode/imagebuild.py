@@ -15,20 +15,32 @@ operator image on a real node). Storage is the slot's own
    ``RUN`` steps use the host's network, pip config and CA bundle (pip
    reaches the package index the way ``make venv`` does); nothing of that
    is a test's traffic.
-3. ``buildah push`` over plain HTTP to ``127.0.0.1:<port>``, tagged by the
-   image ID so a pod's ``IfNotPresent`` pull is never stale.
+3. ``buildah push`` over plain HTTP to ``127.0.0.1:<port>``, tagged
+   ``ctx-<key>`` by the content key of the build's inputs
+   (``e2e.realnode.buildcontext``: Dockerfile, .dockerignore, build
+   arguments, the base's image ID, the context's files), so a pod's
+   ``IfNotPresent`` pull is never stale. When the registry already serves
+   that tag, build and push are skipped: nothing the build reads changed.
+
+buildah's temporary files (a build's context copy, a push's blobs: GBs for
+the agent image) go to ``buildah/tmp/<pid>-<start time>/`` in the images
+folder, not ``/var/tmp``; a build killed midway leaves its folder there, and
+the next build removes the folders of processes that no longer run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
-from e2e.realnode import registry
+from e2e.realnode import buildcontext, registry
+from e2e.realnode.node import unmount_under
 from e2e.realnode.registry import ImagesPaths
 from e2e.toolchain.versions import VERSIONS
 
@@ -61,6 +73,7 @@ class PushedImage:
     base_s: float  # importing the base into the storage (0 when it was there)
     build_s: float
     push_s: float
+    cached: bool = False  # the registry had this content key's tag: no build, no push
 
     @property
     def reference(self) -> str:
@@ -72,6 +85,41 @@ def base_rootfs(bin_dir: Path) -> Path:
     return bin_dir / f"base-python3.11_{_BASE_KEY}.tar"
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22):
+    with the PID, it names one process even after the PID is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _tmp_dir(images: ImagesPaths) -> Path:
+    """This process's buildah TMPDIR; made on first use."""
+    path = images.buildah_tmp / f"{os.getpid()}-{_start_time(os.getpid())}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def clear_dead_tmp(images: ImagesPaths) -> list[Path]:
+    """Remove the TMPDIR folders of building processes that are gone (a killed build
+    leaves GBs there); only folders named as :func:`_tmp_dir` names them. Returns them."""
+    removed: list[Path] = []
+    if not images.buildah_tmp.is_dir():
+        return removed
+    for entry in images.buildah_tmp.iterdir():
+        pid, _, started = entry.name.partition("-")
+        if not (entry.is_dir() and pid.isdigit() and started):
+            continue
+        if _start_time(int(pid)) == started:
+            continue  # still building (this process, or another build of the same slot)
+        unmount_under(entry)
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
 def _buildah(
     images: ImagesPaths, *args: str, timeout_s: float = 120, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
@@ -79,16 +127,26 @@ def _buildah(
         "buildah", "--root", str(images.buildah_root), "--runroot", str(images.buildah_runroot),
         "--storage-driver", "overlay", *args,
     ]  # fmt: skip
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    env = {**os.environ, "TMPDIR": str(_tmp_dir(images))}
+    out = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout_s, check=False, env=env
+    )
     if check and out.returncode != 0:
         tail = "\n".join((out.stdout + out.stderr).splitlines()[-30:])
         raise ImageBuildError(f"buildah {' '.join(args)}: exit {out.returncode}\n{tail}")
     return out
 
 
+def _image_id(images: ImagesPaths, name: str) -> str | None:
+    out = _buildah(
+        images, "inspect", "--type", "image", "--format", "{{.FromImageID}}", name, check=False
+    )
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def base_image(images: ImagesPaths, rootfs: Path) -> str:
     """The python3.11 base in the slot's storage (imported once)."""
-    if _buildah(images, "inspect", "--type", "image", BASE_IMAGE, check=False).returncode == 0:
+    if _image_id(images, BASE_IMAGE):
         return BASE_IMAGE
     ctr = _buildah(images, "from", "--pull=never", "scratch").stdout.strip()
     try:
@@ -132,29 +190,42 @@ def _build_and_push(
     address: str,
     *,
     name: str,
-    build_args: tuple[str, ...] = (),
+    build_args: tuple[tuple[str, str], ...] = (),
     timeout_s: float = 900,
 ) -> PushedImage:
     """``docker/<name>.Dockerfile`` built on the local base, pushed as
-    ``<address>/torchflex-<name>:local-<image ID>``."""
+    ``<address>/torchflex-<name>:ctx-<content key>``; neither when the registry has that tag."""
     repository = {"operator": OPERATOR_REPOSITORY, "agent": AGENT_REPOSITORY}[name]
+    clear_dead_tmp(images)
     t0 = time.monotonic()
     base = base_image(images, rootfs)
     base_s = time.monotonic() - t0
+    dockerfile = REPO / "docker" / f"{name}.Dockerfile"
+    ignorefile = REPO / "docker" / f"{name}.Dockerfile.dockerignore"
+    args = {"PYTHON_IMAGE": base, **dict(build_args)}
+    key = buildcontext.context_key(
+        REPO, dockerfile, ignorefile, args, _image_id(images, base) or ""
+    )
+    tag = f"ctx-{key[:16]}"
+    record = images.built / f"{repository}_{tag}.json"
+    image = PushedImage(address, repository, tag, "?", 0, base_s, 0.0, 0.0, cached=True)
+    if registry.has_manifest(address, repository, tag):
+        size = json.loads(record.read_text())["local_size"] if record.is_file() else "?"
+        return dataclasses.replace(
+            image, local_size=size, pushed_bytes=registry.pushed_size(address, repository, tag)
+        )
     iid = images.root / f"{name}.iid"
-    build_argv = [arg for value in build_args for arg in ("--build-arg", value)]
+    build_argv = [arg for k, v in args.items() for arg in ("--build-arg", f"{k}={v}")]
     t0 = time.monotonic()
     _buildah(
         images, "bud", "--layers", "--force-rm", "--pull=never",
-        "--network", "host", *_host_trust(), "--build-arg", f"PYTHON_IMAGE={base}", *build_argv,
-        "--ignorefile", str(REPO / "docker" / f"{name}.Dockerfile.dockerignore"),
-        "--iidfile", str(iid), "-f", str(REPO / "docker" / f"{name}.Dockerfile"),
+        "--network", "host", *_host_trust(), *build_argv,
+        "--ignorefile", str(ignorefile), "--iidfile", str(iid), "-f", str(dockerfile),
         "-t", f"torchflex.local/{repository}:build", str(REPO),
         timeout_s=timeout_s,
     )  # fmt: skip
     build_s = time.monotonic() - t0
     image_id = iid.read_text().strip().removeprefix("sha256:")
-    tag = f"local-{image_id[:12]}"
     t0 = time.monotonic()
     _buildah(
         images, "push", "--quiet", "--format", "oci", "--tls-verify=false", image_id,
@@ -162,15 +233,16 @@ def _build_and_push(
         timeout_s=timeout_s,
     )  # fmt: skip
     push_s = time.monotonic() - t0
-    return PushedImage(
-        address=address,
-        repository=repository,
-        tag=tag,
-        local_size=_local_size(images, image_id),
+    size = _local_size(images, image_id)
+    images.built.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"local_size": size, "image_id": image_id}) + "\n")
+    return dataclasses.replace(
+        image,
+        local_size=size,
         pushed_bytes=registry.pushed_size(address, repository, tag),
-        base_s=base_s,
         build_s=build_s,
         push_s=push_s,
+        cached=False,
     )
 
 
@@ -186,15 +258,16 @@ def build_agent_image(
 
     torch comes from ``torch_index_url`` (PyPI, the one index this machine
     reaches: its torch is the CUDA build, GBs of ``nvidia-*`` wheels). The
-    Dockerfile installs it in a layer keyed by ``constraints.txt`` alone, so a
-    code change rebuilds and pushes only the small layers (the registry has
-    the big one: its blob is not sent again).
+    Dockerfile installs it in a layer keyed by ``constraints.txt`` alone, and
+    the final stage starts from that layer, so a code change rebuilds and
+    pushes only the small layers (the registry has the big one: its blob is
+    not sent again); no change at all builds nothing.
     """
     return _build_and_push(
         images,
         rootfs,
         address,
         name="agent",
-        build_args=(f"TORCH_INDEX_URL={torch_index_url}",),
+        build_args=(("TORCH_INDEX_URL", torch_index_url),),
         timeout_s=3600,
     )

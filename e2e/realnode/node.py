@@ -208,7 +208,7 @@ def _our_shims(p: NodePaths) -> list[int]:
     return pids
 
 
-def _unmount_under(root: Path) -> None:
+def unmount_under(root: Path) -> None:
     mounts = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         point = line.split()[4].replace("\\040", " ")
@@ -224,7 +224,7 @@ def real_node_down(cluster_root: Path, cluster: Cluster | None = None) -> None:
     # storage's own mounts go (containers/storage mounts them again on use).
     images_paths = ImagesPaths.of(cluster_root)
     registry_down(images_paths)
-    _unmount_under(images_paths.root)
+    unmount_under(images_paths.root)
     p = NodePaths.of(cluster_root)
     if not p.root.exists():
         return
@@ -239,7 +239,7 @@ def real_node_down(cluster_root: Path, cluster: Cluster | None = None) -> None:
         os.kill(pid, signal.SIGKILL)
     for path in netns:
         subprocess.run(["ip", "netns", "delete", Path(path).name], capture_output=True, check=False)
-    _unmount_under(p.root)
+    unmount_under(p.root)
     # A killed pod's last processes leave their cgroups a moment later.
     if not poll_until(_remove_cgroup_root, 15.0, interval_s=0.5):
         raise RealNodeError(f"cgroups under {plan.CGROUP_ROOT} still busy")

@@ -78,6 +78,16 @@ class ImagesPaths:
     def buildah_runroot(self) -> Path:
         return self.root / "buildah" / "run"
 
+    @property
+    def buildah_tmp(self) -> Path:
+        """buildah's TMPDIR (one folder per building process), never /var/tmp."""
+        return self.root / "buildah" / "tmp"
+
+    @property
+    def built(self) -> Path:
+        """A record per image pushed (its size in buildah's storage), by repository and tag."""
+        return self.root / "built"
+
 
 def _get(url: str, accept: str = "") -> tuple[int, bytes]:
     # Loopback only; no proxy from the environment may take the request elsewhere.
@@ -134,6 +144,15 @@ def manifest(address: str, repository: str, reference: str) -> dict[str, Any]:
         raise RegistryError(f"{address}/{repository}:{reference}: HTTP {status}")
     data: dict[str, Any] = json.loads(body)
     return data
+
+
+def has_manifest(address: str, repository: str, reference: str) -> bool:
+    """Whether the registry serves ``repository:reference``."""
+    try:
+        manifest(address, repository, reference)
+    except RegistryError:
+        return False
+    return True
 
 
 def pushed_size(address: str, repository: str, reference: str) -> int:
