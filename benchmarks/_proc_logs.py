@@ -108,3 +108,42 @@ def pick_victim(ranks: Sequence[int | None], protected: Iterable[int] = ()) -> i
     if not candidates:
         raise ValueError(f"no node to kill among ranks {list(ranks)} (protected {sorted(skip)})")
     return max(candidates)[1]
+
+
+# A torchflex join's milestones, in the order they happen, as the agents and
+# the example log them: (name, pattern, whose line counts). "newcomer": the
+# joining node's first such line; "last": the latest such line of any node
+# (the group waits for its slowest member).
+JOIN_MILESTONES: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("zygote_ready", re.compile(r"worker fork server ready"), "newcomer"),
+    ("joining", re.compile(r"joining the rendezvous"), "newcomer"),
+    ("survivors_stopped", re.compile(r"stopping at step="), "last"),
+    ("rounds_over", re.compile(r"re-forming"), "last"),
+    ("round_formed", re.compile(r"rendezvous took"), "last"),
+    ("workers_started", re.compile(r"(started|kept) workers"), "last"),
+    ("workers_resumed", re.compile(r"resumed from step="), "last"),
+)
+
+
+def join_phases(
+    nodes: Sequence[Sequence[tuple[float, str]]], newcomer: int, t0: float, until: float
+) -> dict[str, float | None]:
+    """Seconds from ``t0`` (the new node's start) to each milestone of its join.
+
+    ``nodes[i]`` is node i's (wall time, line) output; ``newcomer`` indexes
+    the joining node; only lines in ``[t0, until]`` count. A milestone no
+    node logged in the window is None (torchrun logs none of them). Line
+    times are when the benchmark read the line, so they lag the event by
+    the pipe's delivery (well under a millisecond when the machine is idle).
+    """
+    out: dict[str, float | None] = {}
+    for name, pattern, whose in JOIN_MILESTONES:
+        pool = [nodes[newcomer]] if whose == "newcomer" else nodes
+        times = [
+            t for lines in pool for t, line in lines if t0 <= t <= until and pattern.search(line)
+        ]
+        if not times:
+            out[name] = None
+        else:
+            out[name] = (min(times) if whose == "newcomer" else max(times)) - t0
+    return out

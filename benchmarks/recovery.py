@@ -19,7 +19,11 @@ same way. Each repetition:
 3. recovery = from the kill to the first completed step of the re-formed
    group (world 2) on *every* survivor (wall clock of the step lines);
 4. scale-up join: start a new node; join = from its launcher's start to the
-   first completed step at world 3 on every node.
+   first completed step at world 3 on every node. For torchflex each run
+   also prints (stderr) and keeps in ``--json``'s runs where that time
+   went: seconds from the new node's start to its zygote ready, its join,
+   the survivors' workers stopped, the rounds over, the new round formed,
+   every worker started and resumed (``_proc_logs.join_phases``).
 
 ``--fault freeze`` instead SIGSTOPs the node's processes (a node that
 freezes or drops off the network without closing its sockets): no socket
@@ -44,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._proc_job import EXAMPLE, STATEFUL, TORCHRUN_CONF, Flavor, ProcJob, signal_tree
-from benchmarks._proc_logs import recovery_seconds
+from benchmarks._proc_logs import join_phases, recovery_seconds
 from benchmarks.cli import BenchCli
 from benchmarks.report import markdown_table, summarize
 
@@ -73,6 +77,8 @@ class Trial:
     join_s: float | None = None
     problem: str | None = None
     trace: list[str] = dataclasses.field(default_factory=list)
+    join_phases: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    """Seconds from the new node's start to each milestone of its join (``_proc_logs``)."""
 
 
 def _trace(job: ProcJob, t0: float, until: float) -> list[str]:
@@ -116,8 +122,11 @@ def run_trial(
         timeout = _JOIN_TIMEOUT[flavor.name]
         job.wait_training(group, 3, joined_at, 1, timeout)
         trial.join_s = recovery_seconds([n.steps() for n in group], joined_at, 3)
+        until = joined_at + (trial.join_s or timeout)
+        trial.join_phases = join_phases(
+            [n.timed() for n in group], len(group) - 1, joined_at, until
+        )
         if trace:
-            until = joined_at + (trial.join_s or timeout)
             trial.trace += ["--- join ---", *_trace(job, joined_at, until)]
         if trial.join_s is None:
             trial.problem = f"the new node did not train at world 3 within {timeout:.0f} s"
@@ -147,7 +156,12 @@ def summary(trials: list[Trial]) -> dict[str, Any]:
         out[f"{key}_s"] = med(flavor, "recovery_s")
         out[f"{key}_join_s"] = med(flavor, "join_s")
         out[f"{key}_runs"] = [
-            {"recovery_s": t.recovery_s, "join_s": t.join_s, "problem": t.problem}
+            {
+                "recovery_s": t.recovery_s,
+                "join_s": t.join_s,
+                "problem": t.problem,
+                "join_phases": t.join_phases,
+            }
             for t in by[flavor]
         ]
     tf = out["torchflex_s"]
@@ -283,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
+                if any(v is not None for v in trial.join_phases.values()):
+                    phases = ", ".join(f"{k} {_num(v)}" for k, v in trial.join_phases.items())
+                    print(
+                        f"   join phases (s from the new node's start): {phases}", file=sys.stderr
+                    )
                 for line in trial.trace:
                     print("   " + line, file=sys.stderr)
     result = summary(trials)

@@ -8,6 +8,7 @@ from benchmarks._proc_logs import (
     StepLine,
     first_step_at,
     group_resumed_at,
+    join_phases,
     last_step_before,
     parse_step,
     parse_steps,
@@ -91,3 +92,52 @@ def test_pick_victim(ranks: list[int | None], protected: tuple[int, ...], victim
 def test_pick_victim_none_possible() -> None:
     with pytest.raises(ValueError, match="no node"):
         pick_victim([0, 1], protected=(1,))
+
+
+def test_join_phases_newcomer_first_and_slowest_member_last() -> None:
+    survivor_a = [
+        (99.0, "[torchflex-agent] round 0 over: MemberLost; re-forming"),  # before t0
+        (102.55, "[rank 0] stopping at step=30 on SIGTERM"),
+        (102.60, "[torchflex-agent] round 1 over: MemberJoined; re-forming"),
+        (102.61, "[torchflex-agent] round 2: ... (rendezvous took 1.0 ms, restarts 0)"),
+        (102.62, "[torchflex-agent] round 2: started workers (1 forked warm), pids [7]"),
+        (102.70, "[rank 0] resumed from step=30"),
+    ]
+    survivor_b = [
+        (102.50, "[rank 1] stopping at step=30 on SIGTERM"),
+        (102.65, "[torchflex-agent] round 1 over: MemberJoined; re-forming"),
+        (102.66, "[torchflex-agent] round 2: ... (rendezvous took 3.0 ms, restarts 0)"),
+        (102.68, "[torchflex-agent] round 2: started workers (1 forked warm), pids [8]"),
+        (102.75, "[rank 1] resumed from step=30"),
+        (109.00, "[rank 1] resumed from step=90"),  # after the window
+    ]
+    newcomer = [
+        (102.40, "[torchflex-agent] worker fork server ready (preloaded in 2.35s)"),
+        (102.41, "[torchflex-agent] joining the rendezvous (round >= 0)"),
+        (102.66, "[torchflex-agent] round 2: ... (rendezvous took 250.0 ms, restarts 0)"),
+        (102.67, "[torchflex-agent] round 2: started workers (1 forked warm), pids [9]"),
+        (102.72, "[rank 2] resumed from step=30"),
+        (103.00, "[torchflex-agent] joining the rendezvous (round >= 3)"),  # a later round
+    ]
+    phases = join_phases([survivor_a, survivor_b, newcomer], 2, 100.0, 103.5)
+    assert phases == pytest.approx(
+        {
+            "zygote_ready": 2.40,
+            "joining": 2.41,
+            "survivors_stopped": 2.55,
+            "rounds_over": 2.65,
+            "round_formed": 2.66,
+            "workers_started": 2.68,
+            "workers_resumed": 2.75,
+        }
+    )
+
+
+def test_join_phases_none_for_what_no_node_logged() -> None:
+    torchrun = [(101.0, "INFO:torch.distributed.elastic: Rendezvous'ing worker group")]
+    phases = join_phases([torchrun, torchrun], 1, 100.0, 110.0)
+    assert set(phases) == {
+        "zygote_ready", "joining", "survivors_stopped", "rounds_over", "round_formed",
+        "workers_started", "workers_resumed",
+    }  # fmt: skip
+    assert all(v is None for v in phases.values())
