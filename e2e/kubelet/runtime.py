@@ -16,6 +16,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,49 @@ def kill_leftovers(pod_dir: Path) -> None:
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+DRAIN_TIMEOUT_S = 5.0
+
+
+def drain_netns(netns: str, timeout_s: float = DRAIN_TIMEOUT_S) -> list[int]:
+    """SIGKILL what still runs in the pod's network namespace once its containers
+    exited, and wait (bounded) until it is gone; returns the PIDs found.
+
+    A real runtime reports a container's exit only once every process of its PID
+    namespace is gone, so their sockets are closed, FIN or RST sent, while the
+    pod's network still exists. Here the main process is reaped at once while a
+    torch-sized worker killed with it (in a session of its own) may still be
+    tearing down its address space, which comes before its sockets close:
+    deleting the veth first leaves its peers on half-open connections (a gloo
+    collective with it then waits for its timeout), which no real node does.
+    """
+    try:
+        inode = Path(f"/run/netns/{netns}").stat().st_ino
+    except OSError:
+        return []
+    found: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = _pids_in_netns(inode)
+        if not left or time.monotonic() > deadline:
+            return sorted(found)
+        for pid in left:
+            found.add(pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+
+
+def _pids_in_netns(inode: int) -> list[int]:
+    """Live processes whose network namespace is ``inode`` (a zombie has none left)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "ns" / "net").stat().st_ino == inode:
+                    out.append(int(entry.name))
+    return out
 
 
 def write_name_files(
