@@ -62,7 +62,8 @@ class Demo:
         self.deadline = time.monotonic() + timeout_s
         self.kill = kill
         self.start_limit_s = start_limit_s
-        self.follower = LogFollower(pod_logs, NAMESPACE)
+        # An earlier run's pods' logs may still be there (a real kubelet removes them later).
+        self.follower = LogFollower(pod_logs, NAMESPACE, skip_existing=True)
         self._last_table = ""
         self._last_step_shown = 0
 

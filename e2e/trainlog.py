@@ -196,9 +196,15 @@ class FileTail:
 class LogFollower:
     """Tails every container log of one namespace in a thread, stamping lines."""
 
-    def __init__(self, pods_dir: Path, namespace: str, poll_s: float = 0.1) -> None:
+    def __init__(
+        self, pods_dir: Path, namespace: str, poll_s: float = 0.1, *, skip_existing: bool = False
+    ) -> None:
         self._dir = pods_dir
         self._prefix = f"{namespace}_"
+        # skip_existing: pod directories there before following starts are an earlier run's
+        # (a real kubelet removes them at its next garbage collection, up to a minute later).
+        self._skip_existing = skip_existing
+        self._skipped: set[Path] = set()
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._lines: list[Line] = []
@@ -208,6 +214,8 @@ class LogFollower:
         self._thread = threading.Thread(target=self._run, daemon=True, name="log-follower")
 
     def __enter__(self) -> LogFollower:
+        if self._skip_existing and self._dir.is_dir():
+            self._skipped = set(self._dir.glob(f"{self._prefix}*"))
         self._thread.start()
         return self
 
@@ -232,7 +240,7 @@ class LogFollower:
         now = time.monotonic()
         if not self._dir.is_dir():
             return
-        for pod_dir in sorted(self._dir.glob(f"{self._prefix}*")):
+        for pod_dir in sorted(set(self._dir.glob(f"{self._prefix}*")) - self._skipped):
             # rglob: a real kubelet keeps <container>/<restart>.log under the pod's directory.
             for log in pod_dir.rglob("*.log"):
                 self._read(log, now)

@@ -123,3 +123,17 @@ def test_follower_reads_growing_logs_and_partial_lines(tmp_path: Path) -> None:
     steps = follower.lines("step")
     assert [(s.pod, s.round, s.step) for s in steps] == [("job-worker-0", 0, 1)]
     assert follower.last_step() == 1
+
+
+def test_follower_skips_pod_dirs_of_an_earlier_run(tmp_path: Path) -> None:
+    """A real kubelet removes a deleted pod's log directory only at its next
+    garbage collection: the demo run right after another must not read it."""
+    old = tmp_path / "ns1_job-worker-0_old-uid"
+    old.mkdir()
+    (old / "trainer.log").write_text("[rank 0] step=300 loss=1.0 world=3 rank=0 sps=1\n")
+    with LogFollower(tmp_path, "ns1", poll_s=3600, skip_existing=True) as follower:
+        new = tmp_path / "ns1_job-worker-0_new-uid"
+        new.mkdir()
+        (new / "trainer.log").write_text("[rank 0] step=1 loss=1.0 world=3 rank=0 sps=1\n")
+        follower.poll()
+        assert follower.last_step() == 1  # not 300: the old pod's log is not read
