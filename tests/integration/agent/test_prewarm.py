@@ -33,6 +33,14 @@ SCRIPT = textwrap.dedent(
     if os.environ.get("MODE") == "sleep":
         print("sleeping", flush=True)
         import time; time.sleep(60)
+    if os.environ.get("MODE") == "finalizers":  # torch.library's stand-in, and a script's own
+        import types, weakref
+        lib = sys.modules["torch.library"] = types.ModuleType("torch.library")
+        lib._del_library = lambda: print("torch.library teardown ran", flush=True)
+        class Held: pass
+        held = [Held(), Held()]
+        weakref.finalize(held[0], lib._del_library)
+        weakref.finalize(held[1], print, "script finalizer ran", flush=True)
     print(json.dumps({"name": __name__, "argv": sys.argv, "rank": os.environ["RANK"],
                       "cwd": os.getcwd(), "path0": sys.path[0], "local": localmod.SEEN,
                       "frozen": gc.get_freeze_count()}))
@@ -111,6 +119,16 @@ def test_forked_worker_runs_script_as_main(
     code, out, _ = run(server, worker_env(tmp_path, RANK="4"))
     assert code == 0 and json.loads(out)["local"] == "4"
     assert len((tmp_path / "marker").read_text().splitlines()) == 2
+
+
+@pytest.mark.timeout(90)
+def test_worker_exit_skips_torch_library_teardown_only(server: ForkServer, tmp_path: Path) -> None:
+    code, out, err = run(server, worker_env(tmp_path, MODE="finalizers"))
+    assert code == 0, err
+    # atexit still runs the script's finalizer; torch.library's, which only
+    # unregister operators in the dying process, are dropped before it.
+    assert "script finalizer ran" in out
+    assert "torch.library teardown ran" not in out
 
 
 @pytest.mark.timeout(90)

@@ -10,6 +10,7 @@ compatibility, and the restart counter surviving a store that forgot it
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -28,7 +29,7 @@ from torchflex_agent.rdzv_logic import (
 )
 from torchflex_agent.rendezvous import Rendezvous
 from torchflex_agent.workers import LaunchContext, worker_env
-from torchflex_agent.zygote import preimport_names
+from torchflex_agent.zygote import drop_teardown_finalizers, preimport_names
 from torchflex_contract.progress import RestartReason
 from torchflex_contract.store_keys import CLOSED, RESTARTS, round_key
 
@@ -91,6 +92,38 @@ def main():
         "os", "torch.distributed", "torch", "torch.nn", "torch.optim", "torch.nn.parallel",
         "torch.nn.parallel.DistributedDataParallel", "x", "numpy", "json", "csv",
     ]  # fmt: skip
+
+
+def test_drop_teardown_finalizers_detaches_only_the_named_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+    import weakref
+
+    class Obj:
+        pass
+
+    fake = types.ModuleType("fake_torch_library")
+
+    def _del_library(name: str) -> None:
+        raise AssertionError(f"teardown finalizer ran for {name}")
+
+    fake._del_library = _del_library  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_torch_library", fake)
+    held = [Obj(), Obj(), Obj()]
+    teardown = [weakref.finalize(o, _del_library, f"lib{i}") for i, o in enumerate(held[:2])]
+    ran: list[str] = []
+    user = weakref.finalize(held[2], ran.append, "user")
+    names = (("fake_torch_library", "_del_library"), ("not_loaded_module", "anything"))
+    assert drop_teardown_finalizers(names) == 2
+    assert [f.alive for f in teardown] == [False, False]
+    assert user.alive  # a script's (or tempfile's) finalizer still runs at exit
+    assert drop_teardown_finalizers(names) == 0
+    # Nothing named is loaded: nothing dropped, nothing imported.
+    assert drop_teardown_finalizers((("not_loaded_module", "x"),)) == 0
+    assert "not_loaded_module" not in sys.modules
+    user()
+    assert ran == ["user"]
 
 
 def test_preimport_names_bad_source() -> None:
