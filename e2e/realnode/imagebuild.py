@@ -25,7 +25,9 @@ operator image on a real node). Storage is the slot's own
 buildah's temporary files (a build's context copy, a push's blobs: GBs for
 the agent image) go to ``buildah/tmp/<pid>-<start time>/`` in the images
 folder, not ``/var/tmp``; a build killed midway leaves its folder there, and
-the next build removes the folders of processes that no longer run.
+the next build removes the folders of processes that no longer run, and,
+when no other process builds in the same storage, the working containers
+a killed build left there (``buildah rm --all``).
 """
 
 from __future__ import annotations
@@ -102,22 +104,36 @@ def _tmp_dir(images: ImagesPaths) -> Path:
     return path
 
 
+def _tmp_folders(images: ImagesPaths) -> list[tuple[Path, int, bool]]:
+    """The TMPDIR folders named as :func:`_tmp_dir` names them: (folder, PID, process alive)."""
+    found = []
+    for entry in images.buildah_tmp.iterdir() if images.buildah_tmp.is_dir() else ():
+        pid, _, started = entry.name.partition("-")
+        if entry.is_dir() and pid.isdigit() and started:
+            found.append((entry, int(pid), _start_time(int(pid)) == started))
+    return found
+
+
 def clear_dead_tmp(images: ImagesPaths) -> list[Path]:
     """Remove the TMPDIR folders of building processes that are gone (a killed build
     leaves GBs there); only folders named as :func:`_tmp_dir` names them. Returns them."""
-    removed: list[Path] = []
-    if not images.buildah_tmp.is_dir():
-        return removed
-    for entry in images.buildah_tmp.iterdir():
-        pid, _, started = entry.name.partition("-")
-        if not (entry.is_dir() and pid.isdigit() and started):
-            continue
-        if _start_time(int(pid)) == started:
-            continue  # still building (this process, or another build of the same slot)
-        unmount_under(entry)
-        shutil.rmtree(entry, ignore_errors=True)
-        removed.append(entry)
+    removed = []
+    for entry, _, alive in _tmp_folders(images):
+        if not alive:
+            unmount_under(entry)
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
     return removed
+
+
+def clear_dead_containers(images: ImagesPaths) -> bool:
+    """Remove the working containers a killed build left in the storage (a stage's
+    container holds what its RUN wrote so far: GBs midway through the torch layer),
+    but only when no other process builds in this storage; returns whether it did."""
+    if any(alive and pid != os.getpid() for _, pid, alive in _tmp_folders(images)):
+        return False
+    _buildah(images, "rm", "--all")
+    return True
 
 
 def _buildah(
@@ -214,6 +230,7 @@ def _build_and_push(
         return dataclasses.replace(
             image, local_size=size, pushed_bytes=registry.pushed_size(address, repository, tag)
         )
+    clear_dead_containers(images)
     iid = images.root / f"{name}.iid"
     build_argv = [arg for k, v in args.items() for arg in ("--build-arg", f"{k}={v}")]
     t0 = time.monotonic()

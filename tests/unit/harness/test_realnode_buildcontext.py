@@ -115,3 +115,11 @@ def test_buildah_tmp_of_dead_builds_is_removed_and_nothing_else(tmp_path: Path) 
     assert imagebuild.clear_dead_tmp(images) == [dead]
     assert not dead.exists() and mine.is_dir() and foreign.is_dir()
     shutil.rmtree(mine)
+
+
+def test_working_containers_are_left_alone_while_another_process_builds(tmp_path: Path) -> None:
+    images = ImagesPaths(tmp_path)
+    other = images.buildah_tmp / f"1-{imagebuild._start_time(1)}"  # PID 1: alive, not us
+    other.mkdir(parents=True)
+    assert imagebuild.clear_dead_containers(images) is False  # no buildah call made
+    assert imagebuild.clear_dead_tmp(images) == [] and other.is_dir()
