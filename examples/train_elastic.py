@@ -119,15 +119,11 @@ def main() -> int:
             loss.backward()  # type: ignore[no-untyped-call]  # DDP all-reduces here
             opt.step()
             done += 1  # the model now holds exactly `done` steps
-            # The pacing stands for the rest of the step's work, so the stop
-            # flag is read after it: a SIGTERM that arrives during it stops the
-            # group at the end of this step, not one step later (every re-form
-            # and preemption waited ~100 ms more for it).
+            flag = torch.tensor([1.0 if stop_requested else 0.0], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             left = args.step_time - (time.monotonic() - started)
             if left > 0:
                 time.sleep(left)
-            flag = torch.tensor([1.0 if stop_requested else 0.0], device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             sps = 1.0 / max(time.monotonic() - started, 1e-6)
             stamp = f" t={time.time():.3f}" if args.print_time else ""
             line = f"step={done} loss={loss.item():.4f} world={world} rank={rank} sps={sps:.1f}"
