@@ -410,12 +410,11 @@ class Kubelet:
             rt.restart_at[name] = time.monotonic() + delay
         if not rt.torn_down:
             runtime.write_record(rt)
-        if not rt.procs and not rt.restart_at:
-            # As a PID namespace would: nothing of the pod outlives its containers, and
-            # its last sockets close before its exit is told or its network goes.
-            runtime.drain_netns(rt.netns)
         self._patch_status(rt)
         if not rt.procs and not rt.restart_at:
+            # As a PID namespace would: nothing of the pod outlives its containers, and
+            # their last sockets close (peers see FIN/RST) before its network goes.
+            runtime.drain_netns(rt.netns)
             self._teardown(rt)
             if rt.terminating:
                 self._finalize_delete(rt)

