@@ -117,13 +117,23 @@ def drain_netns(netns: str, timeout_s: float = DRAIN_TIMEOUT_S) -> list[int]:
 
 
 def _pids_in_netns(inode: int) -> list[int]:
-    """Live processes whose network namespace is ``inode`` (a zombie has none left)."""
+    """Processes with a thread still in the network namespace ``inode``.
+
+    Every thread, not only the leader: a killed multi-threaded process's leader
+    can be through its exit (no namespace left) while other threads still hold
+    the process's files, sockets included; a thread leaves the namespace only
+    after it dropped its hold on them.
+    """
     out = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (entry / "ns" / "net").stat().st_ino == inode:
-                    out.append(int(entry.name))
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for task in (entry / "task").iterdir():
+                with contextlib.suppress(OSError):
+                    if (task / "ns" / "net").stat().st_ino == inode:
+                        out.append(int(entry.name))
+                        break
     return out
 
 
