@@ -36,8 +36,8 @@ test-integration: venv toolchain ## real processes, real API server, real etcd
 test-e2e: venv toolchain ## whole scenarios on the local control plane
 	$(PYTEST) tests/e2e
 
-test: lint venv toolchain real-node-toolchain ## every tier: lint, unit, integration, e2e, real nodes
-	$(PYTEST) tests
+test: venv toolchain real-node-toolchain ## every tier: lint, unit, integration, e2e, real nodes (two lanes: scripts/test-all.sh)
+	@bash scripts/test-all.sh
 
 test-real-nodes: venv toolchain real-node-toolchain ## the real-node tier alone (tests/realnode; part of `make test`)
 	$(PYTEST) tests/realnode

@@ -56,9 +56,16 @@ def test_no_directory_of_tests_is_hidden_from_collection() -> None:
 def test_make_test_sets_up_the_real_node_parts_before_pytest_runs_every_tier() -> None:
     lines = _dry_run("test")
     setup = [i for i, line in enumerate(lines) if "e2e/toolchain/build.sh --real-nodes" in line]
-    pytest = [i for i, line in enumerate(lines) if line.endswith("-m pytest tests")]
-    assert setup and pytest, lines
-    assert setup[0] < pytest[0]
+    lanes = [i for i, line in enumerate(lines) if line.endswith("bash scripts/test-all.sh")]
+    assert setup and lanes, lines
+    assert setup[0] < lanes[0]
+    # Both lanes together run lint and every directory of tests/, the real-node tier
+    # on a cluster slot of its own.
+    script = (REPO / "scripts" / "test-all.sh").read_text()
+    assert "make --no-print-directory lint\n" in script
+    assert 'TORCHFLEX_CLUSTER_SLOT=$real_slot "$py" -m pytest tests/realnode ' in script
+    assert '"$py" -m pytest tests --ignore=tests/realnode\n' in script
+    assert "((lint_rc == 0 && main_rc == 0 && real_rc == 0))" in script
 
 
 def test_ci_installs_the_real_node_parts_with_the_rest_of_its_dependencies() -> None:
