@@ -220,14 +220,16 @@ def unmount_under(root: Path) -> None:
 
 def real_node_down(cluster_root: Path, cluster: Cluster | None = None) -> None:
     """Stop everything :func:`real_node_up` started and remove its state."""
+    p = NodePaths.of(cluster_root)
+    if not p.root.exists():
+        # No real node here: the images folder ($TORCHFLEX_IMAGES_DIR) may be another
+        # slot's, in use (make test runs the real-node tier beside the other tiers).
+        return
     # The registry's data and buildah's storage stay, for a warm rebuild; the
     # storage's own mounts go (containers/storage mounts them again on use).
     images_paths = ImagesPaths.of(cluster_root)
     registry_down(images_paths)
     unmount_under(images_paths.root)
-    p = NodePaths.of(cluster_root)
-    if not p.root.exists():
-        return
     processes.stop(p.pids, "kubelet")
     dns_down(p, cluster)
     netns: list[str] = []

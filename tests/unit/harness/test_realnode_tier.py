@@ -12,6 +12,8 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[3]
 # pytest's own default, which applies when pyproject sets none.
 PYTEST_NORECURSEDIRS = [
@@ -64,7 +66,7 @@ def test_make_test_sets_up_the_real_node_parts_before_pytest_runs_every_tier() -
     script = (REPO / "scripts" / "test-all.sh").read_text()
     assert "make --no-print-directory lint\n" in script
     assert 'TORCHFLEX_CLUSTER_SLOT=$real_slot "$py" -m pytest tests/realnode ' in script
-    assert '"$py" -m pytest tests --ignore=tests/realnode\n' in script
+    assert 'env -u TORCHFLEX_IMAGES_DIR "$py" -m pytest tests --ignore=tests/realnode\n' in script
     assert "((lint_rc == 0 && main_rc == 0 && real_rc == 0))" in script
 
 
@@ -72,3 +74,26 @@ def test_ci_installs_the_real_node_parts_with_the_rest_of_its_dependencies() -> 
     ci = (REPO / ".ci" / "run").read_text()
     assert "make venv toolchain real-node-toolchain\n" in ci
     assert ci.rstrip().endswith("make test")
+
+
+def test_a_cluster_without_a_real_node_leaves_the_shared_images_folder_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lane 1's cluster (no real node) tears down while lane 2's registry serves from
+    $TORCHFLEX_IMAGES_DIR: its registry keeps running (seen in CI: lane 1's start-up
+    stopped lane 2's registry, and every push was refused)."""
+    from e2e.cluster import processes
+    from e2e.realnode import real_node_down
+    from e2e.realnode.registry import NAME, ImagesPaths
+
+    images = ImagesPaths(tmp_path / "images")
+    for d in (images.pids, images.logs):
+        d.mkdir(parents=True)
+    monkeypatch.setenv("TORCHFLEX_IMAGES_DIR", str(images.root))
+    processes.spawn(NAME, ["sleep", "60"], images.pids, images.logs)
+    try:
+        real_node_down(tmp_path / "cluster-without-a-real-node")
+        assert processes.alive(images.pids, NAME)
+    finally:
+        processes.stop(images.pids, NAME)
+    assert not processes.alive(images.pids, NAME)
