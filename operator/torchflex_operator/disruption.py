@@ -19,9 +19,9 @@ would pin its node even after the job shrank. Workers carry
 store and etcd pods carry ``"false"``: evicting one ends every worker's
 rendezvous, so their node stays until the job ends. A template's own value
 wins (``manifests.safe_to_evict``, written by ``builders`` and
-``manifests.aux_pod``). The reconciler writes the budget when
-``minReplicas`` changes and again once per resync (so a budget deleted or
-edited by hand comes back), and deletes it when the job has finished; the
+``manifests.aux_pod``). The reconciler writes the budget once per
+``minReplicas`` (an idle operator sends no request; a budget deleted by hand
+comes back when the operator restarts), and deletes it when the job has finished; the
 owner reference has the garbage collector delete it with the job. A budget of
 that name that the job does not own (a user's) is neither patched nor deleted
 (``NotOursError``: the reconciler says so in a Warning Event).
@@ -100,9 +100,9 @@ def spec_patch(want: Mapping[str, Any], current: Mapping[str, Any]) -> Manifest 
     return {"spec": diff}
 
 
-def needs_write(job: JobSpec, written: int | None, age_s: float | None, every_s: float) -> bool:
+def needs_write(job: JobSpec, written: int | None) -> bool:
     """Whether this process must (re)write the job's budget: it has not written one
-    yet, wrote another ``minAvailable`` (``minReplicas`` changed), or last wrote it
-    ``age_s`` ago, at least ``every_s`` (a hand-deleted budget comes back; the write
-    is a read when nothing differs)."""
-    return written != job.min_replicas or age_s is None or age_s >= every_s
+    yet, or wrote another ``minAvailable`` (``minReplicas`` changed). Not on every
+    resync: an idle operator sends no request (a budget deleted by hand comes back
+    when ``minReplicas`` changes or the operator restarts)."""
+    return written != job.min_replicas

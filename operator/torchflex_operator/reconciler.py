@@ -115,9 +115,9 @@ class Reconciler:
         self._denied_warned_at: float | None = None
         self._gangs: dict[JobKey, int] = {}
         """The gang ``minCount`` this process wrote to each job's PodGroup (``gang``)."""
-        self._budgets: dict[JobKey, tuple[int | None, float]] = {}
+        self._budgets: dict[JobKey, int | None] = {}
         """The ``minAvailable`` this process wrote to each job's PodDisruptionBudget (None:
-        deleted, the job finished) and when (``time.monotonic``)."""
+        deleted, the job finished)."""
         self._budget_refused: dict[JobKey, str] = {}
         """The last reason a job's budget could not be written (said once in an Event)."""
         self.workloads = Workloads(kube, settings.queue_poll_s)
@@ -352,21 +352,19 @@ class Reconciler:
         self, key: JobKey, obj: Mapping[str, Any], job: JobSpec, finished: bool, now: dt.datetime
     ) -> None:
         """Write the job's PodDisruptionBudget while it lives (again when ``minReplicas``
-        changes, and once per resync); delete it once it has finished: no minimum to
-        hold any more. A budget the API refuses, or one of that name the job does not
-        own, is said in a Warning Event and the pass goes on: the job runs without it."""
-        written, at = self._budgets.get(key, (None, None))
-        age = None if at is None else time.monotonic() - at
+        changes); delete it once it has finished: no minimum to hold any more. A budget
+        the API refuses, or one of that name the job does not own, is said in a Warning
+        Event and the pass goes on: the job runs without it (tried again each pass)."""
         try:
             if finished:
-                if at is None or written is not None:
+                if key not in self._budgets or self._budgets[key] is not None:
                     await self.kube.delete_disruption_budget(
                         job.namespace, disruption.budget_name(job), job.uid
                     )
-                    self._budgets[key] = (None, time.monotonic())
-            elif disruption.needs_write(job, written, age, self.settings.resync_s):
+                    self._budgets[key] = None
+            elif disruption.needs_write(job, self._budgets.get(key)):
                 await self.kube.apply_disruption_budget(disruption.pod_disruption_budget(job))
-                self._budgets[key] = (job.min_replicas, time.monotonic())
+                self._budgets[key] = job.min_replicas
                 self._budget_refused.pop(key, None)
         except (NotOursError, RefusedError, AccessDeniedError) as exc:
             message = f"PodDisruptionBudget {disruption.budget_name(job)} not written: {exc}"
