@@ -64,7 +64,7 @@ def test_make_test_sets_up_the_real_node_parts_before_pytest_runs_every_tier() -
     # Both lanes together run lint and every directory of tests/, the real-node tier
     # on a cluster slot of its own.
     script = (REPO / "scripts" / "test-all.sh").read_text()
-    assert "make --no-print-directory lint\n" in script
+    assert 'make --no-print-directory lint >"$lint_log" 2>&1 &\n' in script
     assert 'TORCHFLEX_CLUSTER_SLOT=$real_slot "$py" -m pytest tests/realnode ' in script
     assert 'env -u TORCHFLEX_IMAGES_DIR "$py" -m pytest tests --ignore=tests/realnode\n' in script
     assert "((lint_rc == 0 && main_rc == 0 && real_rc == 0))" in script
