@@ -83,6 +83,7 @@ def test_a_cluster_without_a_real_node_leaves_the_shared_images_folder_alone(
     $TORCHFLEX_IMAGES_DIR: its registry keeps running (seen in CI: lane 1's start-up
     stopped lane 2's registry, and every push was refused)."""
     from e2e.cluster import processes
+    from e2e.polling import poll_until
     from e2e.realnode import real_node_down
     from e2e.realnode.registry import NAME, ImagesPaths
 
@@ -92,6 +93,8 @@ def test_a_cluster_without_a_real_node_leaves_the_shared_images_folder_alone(
     monkeypatch.setenv("TORCHFLEX_IMAGES_DIR", str(images.root))
     processes.spawn(NAME, ["sleep", "60"], images.pids, images.logs)
     try:
+        # Until the child has exec'd, its cmdline is still the parent's (bounded wait).
+        assert poll_until(lambda: processes.alive(images.pids, NAME), 10.0, 0.02)
         real_node_down(tmp_path / "cluster-without-a-real-node")
         assert processes.alive(images.pids, NAME)
     finally:
