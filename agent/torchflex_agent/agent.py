@@ -59,10 +59,11 @@ from torchflex_agent.rdzv_logic import (
 )
 from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
 from torchflex_agent.restart_policy import GroupState, closed_job_exit
-from torchflex_agent.state_logic import keep_in_place
+from torchflex_agent.state_logic import keep_in_place, unblock_kept
 from torchflex_agent.state_shm import create_dir as create_state_dir
 from torchflex_agent.state_shm import hand_round, in_place_pids, mark_kept
 from torchflex_agent.state_shm import remove_dir as remove_state_dir
+from torchflex_agent.state_unblock import armed, signal_unblock
 from torchflex_agent.supervise import (
     STORE_LOST_STOP_GRACE_S,
     AgentExitError,
@@ -251,11 +252,18 @@ class ElasticAgent:
             return False
         state, _ = group.poll()
         declared = in_place_pids(self._state_dir, len(group.pids))
-        if not keep_in_place(reason, silent, state is GroupState.RUNNING, declared, group.pids):
+        running = state is GroupState.RUNNING
+        unblockable = armed(self._state_dir, group.pids, group.round)
+        if not keep_in_place(
+            reason, silent, running, declared, group.pids, unblockable=unblockable
+        ):
             return False
         log.info("keeping workers %s: they re-form in place", group.pids)
         for local_rank in range(len(group.pids)):
             mark_kept(self._state_dir, local_rank, group.round)
+        if unblock_kept(reason):  # a collective may wait on the lost member: end it now
+            for local_rank in range(len(group.pids)):
+                signal_unblock(self._state_dir, local_rank, group.round)
         self._kept = group
         return True
 

@@ -138,10 +138,8 @@ def choose_source(copies: Sequence[CopyMeta | None], current: str) -> Source | N
 
 
 # Re-forms after which survivors' workers may stay alive: a member that left,
-# joined, or whose process is gone (its sockets closed, so a collective with it
-# fails at once). Not a silent loss (survivors may be stuck in a collective with
-# a frozen peer, and gloo cannot abort one), not a worker failure (its cause
-# may be in the kept state), not a store loss.
+# joined, or was lost (its process gone, or silent: frozen, partitioned). Not a
+# worker failure (its cause may be in the kept state), not a store loss.
 IN_PLACE_REASONS = frozenset(
     {RestartReason.MEMBER_LOST, RestartReason.MEMBER_JOINED, RestartReason.MEMBER_LEFT}
 )
@@ -153,13 +151,28 @@ def keep_in_place(
     running: bool,
     declared: Sequence[int | None],
     pids: Sequence[int],
+    *,
+    unblockable: bool = False,
 ) -> bool:
     """Whether the agent keeps its workers across this re-form (pure).
 
     Every worker must be running and have declared, under its own PID, that it
     re-forms in place (``state.TrainState(in_place=True)``): a script that did not
-    opt in, or a worker started since, takes the restart path.
+    opt in, or a worker started since, takes the restart path. After a silent
+    loss the survivors may sit in a collective with the frozen peer that no
+    socket close will end: only workers that can be unblocked (``unblockable``:
+    each holds its group's links, ``state_unblock``) are kept then.
     """
-    if silent or reason not in IN_PLACE_REASONS or not running or not pids:
+    if reason not in IN_PLACE_REASONS or not running or not pids:
+        return False
+    if silent and not unblockable:
         return False
     return list(declared) == list(pids)
+
+
+def unblock_kept(reason: RestartReason) -> bool:
+    """Whether kept workers are told to shut their old group's links down at once (pure):
+    after a loss, where a collective may wait on the lost member. Not after a join or a
+    leave: those groups are whole, and their ranks leave together at a step's end
+    (``reform_due``), without losing the step in flight."""
+    return reason is RestartReason.MEMBER_LOST

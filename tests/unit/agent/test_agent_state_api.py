@@ -26,6 +26,7 @@ from torchflex_agent.state_logic import (
     choose_source,
     keep_in_place,
     may_write,
+    unblock_kept,
     usable_incarnation,
 )
 from torchflex_agent.state_shm import (
@@ -177,6 +178,34 @@ def test_keep_in_place(
     reason: RestartReason, silent: bool, running: bool, declared: list[int | None], keep: bool
 ) -> None:
     assert keep_in_place(reason, silent, running, declared, [11, 12]) is keep
+
+
+@pytest.mark.parametrize(
+    ("reason", "silent", "running", "declared", "keep"),
+    [
+        (LOST, True, True, [11, 12], True),  # frozen peer: each worker shuts its links down
+        (LOST, False, True, [11, 12], True),
+        (JOINED, False, True, [11, 12], True),
+        (RestartReason.WORKER_FAILED, False, True, [11, 12], False),
+        (RestartReason.STORE_LOST, True, True, [11, 12], False),
+        (LOST, True, False, [11, 12], False),
+        (LOST, True, True, [11, None], False),
+    ],
+)
+def test_keep_in_place_when_the_workers_can_be_unblocked(
+    reason: RestartReason, silent: bool, running: bool, declared: list[int | None], keep: bool
+) -> None:
+    got = keep_in_place(reason, silent, running, declared, [11, 12], unblockable=True)
+    assert got is keep
+
+
+@pytest.mark.parametrize(
+    ("reason", "unblock"),
+    [(LOST, True), (JOINED, False), (LEFT, False), (RestartReason.WORKER_FAILED, False)],
+)
+def test_kept_workers_are_unblocked_after_a_loss_only(reason: RestartReason, unblock: bool) -> None:
+    # A join or a leave leaves a whole group: its ranks leave together at a step's end.
+    assert unblock_kept(reason) is unblock
 
 
 def test_the_in_place_handshake_files(tmp_path: Path) -> None:
