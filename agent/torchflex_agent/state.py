@@ -31,11 +31,11 @@ keep their processes: the agent keeps them (``kept``) and hands them the new
 round, and ``reform`` re-creates the process group and restores, without a
 new process or import (see the example's loop and docs/state-api.md).
 
-State is *replicated* here (DDP: every rank holds the same model and
-optimizer after a step), so any survivor's copy is the group's state and a
-copy on a peer would add nothing the survivors lack. Sharded state
-(FSDP, ZeRO) would need each shard's copy on a second node too; see
-docs/agent.md (the state API) for what is and is not built.
+State is *replicated* by default (DDP: every rank holds the same model and
+optimizer after a step), so any survivor's copy is the group's state. With
+``sharded=True`` (FSDP, ZeRO: each rank's state differs) each copy also goes
+to the rank's ring successor (``state_peer``), and ``restore`` gives rank r
+shard r of the newest step whose shards all have a holder (``shard_logic``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import io
-import json
 import logging
 import os
 import time
@@ -56,6 +55,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from torchflex_agent.fence import Verdict
 from torchflex_agent.state_logic import CopyMeta, Source, choose_source
+from torchflex_agent.state_peer import PeerRing, all_gather_json, keep_previous_own
 from torchflex_agent.state_shm import CopyStore
 from torchflex_contract import env as tfenv
 
@@ -84,6 +84,9 @@ class Restored:
     broadcast: bool
     """True when the state came from another rank (``meta.rank``'s copy, sent by ``source``)."""
     source: int
+    slot: str = "copy"
+    """Sharded state: which of the holder's copies it was (``shard_logic.SLOTS``;
+    ``peer``: the shard of a lost member, kept by its ring successor)."""
 
 
 class TrainState:
@@ -93,6 +96,7 @@ class TrainState:
         self,
         *,
         in_place: bool = False,
+        sharded: bool = False,
         environ: Mapping[str, str] | None = None,
         **objects: Stateful,
     ) -> None:
@@ -108,6 +112,8 @@ class TrainState:
             self._store.declare_in_place()
         self.refused = 0
         """Commits the fence (or a newer copy) refused: this member is no longer in its group."""
+        self.peer = PeerRing(self._store) if sharded and self._store.enabled else None
+        """Sharded state (each rank's differs): each copy also goes to the ring successor."""
 
     @property
     def objects(self) -> dict[str, Stateful]:
@@ -132,7 +138,12 @@ class TrainState:
             "objects": {name: obj.state_dict() for name, obj in self._objects.items()},
         }
         torch.save(payload, buf)
-        why = self._store.write(meta, buf.getvalue())
+        data = buf.getvalue()
+        if self.peer is not None:
+            keep_previous_own(self._store)
+        why = self._store.write(meta, data)
+        if self.peer is not None:
+            self.peer.send(meta, data if why is None else None)
         if why is not None:
             # The agent moved on to a new round while we ran: in place, that is the
             # re-form's signal too (the round file may still be a moment away).
@@ -145,6 +156,8 @@ class TrainState:
 
     def restore(self) -> Restored | None:
         """Load the group's newest usable copy into the registered objects (collective)."""
+        if self.peer is not None:
+            return self._restore_shard(self.peer)
         mine = self._store.read_meta()
         current = self._store.fence_check().incarnation
         copies: list[CopyMeta | None] = [mine]
@@ -204,6 +217,7 @@ class TrainState:
         if not self.in_place:
             raise RuntimeError("reform() needs TrainState(in_place=True) under torchflex-agent")
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
+        self.close()
         _leave_group()
         deadline = time.monotonic() + wait
         got = self._store.next_round(self._round)
@@ -217,6 +231,30 @@ class TrainState:
         os.environ.update(env)  # rank, world size, master, round: what a launch would set
         dist.init_process_group(backend, **init_kwargs)
         return self.restore()
+
+    def close(self) -> None:
+        """Sharded state: end this round's peer ring (before ``destroy_process_group``)."""
+        if self.peer is not None:
+            self.peer.close()
+
+    def _restore_shard(self, peer: PeerRing) -> Restored | None:
+        """Sharded state: rank r loads shard r of the newest whole key, from whoever holds
+        it (``shard_logic.plan_shards``); None when some shard has no holder or the
+        group's size changed (the script loads its disk checkpoint, resharding)."""
+        got = peer.restore(self._store.fence_check().incarnation)
+        if got is None:
+            return None
+        plan, data = got
+        payload = torch.load(io.BytesIO(data), weights_only=True)
+        for name, obj in self._objects.items():
+            obj.load_state_dict(payload["objects"][name])
+        step, loop = int(payload["step"]), dict(payload["loop"])
+        # Kept again under this round's key at once: until every rank commits in this
+        # round, its newest round would hold no whole key if another member died.
+        self.commit(step, loop)
+        src = plan.source(_rank())
+        meta = dataclasses.replace(plan.meta, rank=src.shard)
+        return Restored(step, loop, meta, src.holder != _rank(), src.holder, src.slot)
 
     def _payload(self, source: Source) -> bytes | None:
         if not source.broadcast:
@@ -283,32 +321,12 @@ def _broadcast_bytes(store: CopyStore, source: Source) -> bytes:
 
 
 def _all_gather_pickled(obj: CopyMeta | None) -> list[CopyMeta | None]:
-    """Every rank's ``obj``, gathered without numpy.
-
-    ``dist.all_gather_object`` decodes through ``Tensor.numpy()`` (torch 2.13),
-    and the agent image has no numpy: the headers go as JSON, padded to the
-    longest, gathered as ``uint8`` tensors and read back through a buffer the
-    tensor shares. Headers are a few hundred bytes.
-    """
-    device = _collective_device()
-    world = dist.get_world_size()
-    data = json.dumps(None if obj is None else dataclasses.asdict(obj)).encode()
-    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(sizes, size)
-    longest = max(int(s.item()) for s in sizes)
-    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
-    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    slots = [torch.zeros(longest, dtype=torch.uint8, device=device) for _ in range(world)]
-    dist.all_gather(slots, mine)
-    out: list[CopyMeta | None] = []
-    for slot, n in zip(slots, sizes, strict=True):
-        raw = bytearray(int(n.item()))
-        if raw:
-            torch.frombuffer(raw, dtype=torch.uint8).copy_(slot[: len(raw)].cpu())
-        fields = json.loads(bytes(raw))
-        out.append(None if fields is None else CopyMeta(**fields))
-    return out
+    """Every rank's copy header, gathered without numpy (``state_peer.all_gather_json``:
+    the agent image has none, and ``dist.all_gather_object`` decodes through it)."""
+    rows = all_gather_json(
+        None if obj is None else dataclasses.asdict(obj), device=_collective_device()
+    )
+    return [None if fields is None else CopyMeta(**fields) for fields in rows]
 
 
 def _collective_device() -> torch.device:

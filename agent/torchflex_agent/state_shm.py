@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from torchflex_agent import fence
+from torchflex_agent.shard_logic import OWN
 from torchflex_agent.state_logic import CopyMeta, may_write
 from torchflex_contract import env as tfenv
 
@@ -136,7 +137,12 @@ class CopyStore:
 
     @property
     def path(self) -> Path | None:
-        return None if self.directory is None else self.directory / f"copy-{self.local_rank}"
+        return self.file(OWN)
+
+    def file(self, slot: str) -> Path | None:
+        """This worker's file of ``slot`` (:data:`OWN`, or a slot of sharded state,
+        ``state_peer``): ``<slot>-<LOCAL_RANK>``."""
+        return None if self.directory is None else self.directory / f"{slot}-{self.local_rank}"
 
     def declare_in_place(self) -> None:
         """This worker re-creates its process group in place when the agent keeps it."""
@@ -169,9 +175,9 @@ class CopyStore:
     def fence_check(self) -> fence.FenceCheck:
         return fence.check(self._environ)
 
-    def read_meta(self) -> CopyMeta | None:
+    def read_meta(self, slot: str = OWN) -> CopyMeta | None:
         """This worker's node copy's key, or None (none yet, or unreadable)."""
-        path = self.path
+        path = self.file(slot)
         if path is None:
             return None
         try:
@@ -183,9 +189,9 @@ class CopyStore:
             log.warning("unreadable state copy %s: %s", path, exc)
             return None
 
-    def read(self) -> tuple[CopyMeta, bytes] | None:
+    def read(self, slot: str = OWN) -> tuple[CopyMeta, bytes] | None:
         """The copy's key and payload, or None."""
-        path = self.path
+        path = self.file(slot)
         if path is None:
             return None
         try:
@@ -198,9 +204,9 @@ class CopyStore:
             log.warning("unreadable state copy %s: %s", path, exc)
             return None
 
-    def write(self, meta: CopyMeta, payload: bytes) -> str | None:
+    def write(self, meta: CopyMeta, payload: bytes | memoryview, slot: str = OWN) -> str | None:
         """Replace the copy; None when it landed, else why it was refused."""
-        path = self.path
+        path = self.file(slot)
         if path is None:
             return "no state folder (not run by torchflex-agent)"
         first = self.fence_check()
@@ -215,7 +221,7 @@ class CopyStore:
             now = self.fence_check()
             if not now.verdict.may_write:
                 return f"fenced ({now.verdict.value})"
-            current = self.read_meta()
+            current = self.read_meta(slot)
             if not may_write(current, meta):
                 return f"the copy held is newer ({current})"
             os.replace(tmp, path)
@@ -223,3 +229,21 @@ class CopyStore:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         return None
+
+    def keep_previous(self, slot: str, previous: str) -> None:
+        """Make ``previous`` the copy ``slot`` holds now, before ``slot`` is replaced.
+
+        A hard link renamed over ``previous``: ``slot`` never goes missing and
+        nothing is copied. Sharded state keeps one step more than it resumes
+        from (``state_peer``): a shard whose newest step died with its peer is
+        still whole one step back.
+        """
+        src, dst = self.file(slot), self.file(previous)
+        if src is None or dst is None:
+            return
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+        try:
+            os.link(src, tmp)
+        except FileNotFoundError:
+            return
+        os.replace(tmp, dst)

@@ -11,16 +11,12 @@ state by broadcast.
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
+from tests.integration.agent.gloo_ranks import rank_envs, run_ranks
 from torchflex_agent.fence import Lease
-from torchflex_contract import env as tfenv
 
 RANK = textwrap.dedent(
     """
@@ -59,49 +55,13 @@ RANK = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_restore_gathers_and_broadcasts_without_numpy(tmp_path: Path) -> None:
     lease = Lease(tmp_path / "lease", duration=120.0)
     lease.grant(1, "inc", time.monotonic())
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        folder = tmp_path / f"shm-{rank}"
+    folders = [tmp_path / f"shm-{rank}" for rank in range(2)]
+    for folder in folders:
         folder.mkdir()
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "PYTHONPATH": ":".join(sys.path),
-            "RANK": str(rank),
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            tfenv.STATE_DIR: str(folder),
-            tfenv.FENCE_FILE: str(lease.path),
-            tfenv.ROUND: "1",
-        }
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", RANK],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    results = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=120)
-        finally:
-            p.kill()
-        assert p.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = run_ranks(RANK, rank_envs(folders, lease.path, 1))
     zero, one = sorted(results, key=lambda r: r["rank"])
     assert (zero["step"], zero["loop"], zero["broadcast"]) == (5, {"epoch": 1}, True)
     assert (one["step"], one["loop"], one["broadcast"]) == (5, {"epoch": 1}, True)

@@ -1,0 +1,109 @@
+"""Pure decisions of the state API for sharded state: which holder serves which shard.
+
+Where it sits: ``state_peer`` keeps, for ``TrainState(sharded=True)``, each
+rank's shard in up to four slots of its agent's folder (its own copy and the
+one before it, its ring predecessor's copy and the one before it); after a
+re-form every rank of the new round lists the copies it holds, the group
+gathers the lists, and :func:`plan_shards` (run identically on every rank)
+says which key the group resumes from and who gives rank ``r`` shard ``r``.
+Table-tested in ``tests/unit/agent/test_agent_shard_logic.py``; held to the
+agent's pure import-linter contract (no clock, no socket, no torch).
+
+The rules, on top of ``state_logic``'s fencing: only the usable incarnation
+and, within it, only the newest round anyone holds (a stale member's copies
+are of an older round, so they are never used); within that round the
+highest step at which *every* shard has a holder (a lower step only when a
+shard's newest copy died with its member before it reached its peer). A key
+written by a group of another size, or no whole key in the newest round:
+None, and the script falls back to its disk checkpoint (a resharding load).
+Never a mix of keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from torchflex_agent.state_logic import CopyMeta, usable_incarnation
+
+OWN = "copy"
+"""A rank's own newest copy (``state_shm.OWN``)."""
+OWN_PREVIOUS = "prev"
+PEER = "peer"
+"""The newest copy its ring predecessor sent it."""
+PEER_PREVIOUS = "peer-prev"
+SLOTS = (OWN, OWN_PREVIOUS, PEER, PEER_PREVIOUS)
+"""Every slot of a sharded rank, in the order a holder serves from them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """One copy a rank holds: ``meta.rank`` is the shard (the writer's rank in
+    ``meta.round``), ``meta.world`` the number of shards of that key."""
+
+    slot: str
+    meta: CopyMeta
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSource:
+    """Where rank ``shard`` of the new round gets its shard."""
+
+    shard: int
+    holder: int
+    """The new round's rank that holds it (the shard's rank itself when it holds it)."""
+    slot: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """The key every rank resumes from and, per new rank, the holder of its shard."""
+
+    meta: CopyMeta
+    """The chosen key (``rank`` unset: each rank gets its own shard of it)."""
+    sources: tuple[ShardSource, ...]
+
+    def sends(self, rank: int) -> list[ShardSource]:
+        """The shards ``rank`` sends (each to the rank of the same number)."""
+        return [s for s in self.sources if s.holder == rank and s.shard != rank]
+
+    def source(self, rank: int) -> ShardSource:
+        return self.sources[rank]
+
+
+def plan_shards(held: Sequence[Sequence[Held]], current: str) -> ShardPlan | None:
+    """The new round's plan (index = rank in the new round, each its list of copies);
+    None when no key of the newest round is whole or the group's size changed."""
+    everything = [h for copies in held for h in copies]
+    incarnation = usable_incarnation([h.meta for h in everything], current)
+    if incarnation is None:
+        return None
+    usable = [h for h in everything if h.meta.incarnation == incarnation]
+    newest = max(h.meta.round for h in usable)
+    steps = sorted({h.meta.step for h in usable if h.meta.round == newest}, reverse=True)
+    for step in steps:
+        key = (incarnation, newest, step)
+        worlds = {h.meta.world for h in usable if h.meta.key == key}
+        if worlds != {len(held)}:
+            # Written by a group of another size (or, corrupt, of several): its shards
+            # do not map onto this group's ranks. A resharding load is the script's.
+            return None
+        sources = [_holder(held, key, shard) for shard in range(len(held))]
+        if all(s is not None for s in sources):
+            meta = CopyMeta(incarnation, newest, step, -1, len(held))
+            return ShardPlan(meta, tuple(s for s in sources if s is not None))
+    return None
+
+
+def _holder(
+    held: Sequence[Sequence[Held]], key: tuple[str, int, int], shard: int
+) -> ShardSource | None:
+    """The rank holding ``shard`` at ``key``: the shard's own rank first (nothing to
+    send), then the lowest rank; within a rank, the first slot of :data:`SLOTS`."""
+    order = [shard, *(r for r in range(len(held)) if r != shard)]
+    for rank in order:
+        for slot in SLOTS:
+            for h in held[rank]:
+                if h.slot == slot and h.meta.key == key and h.meta.rank == shard:
+                    return ShardSource(shard, rank, slot)
+    return None

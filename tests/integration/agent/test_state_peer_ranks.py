@@ -1,0 +1,112 @@
+"""The peer copy of sharded state between real gloo ranks, without agents.
+
+Where it sits: beside ``test_state_api_without_numpy.py`` (the same harness:
+ranks as subprocesses on 127.0.0.1, each with its own state folder and one
+lease file); the scenario through real agents and a SIGKILL is
+``test_state_peer.py``. Here the folders are moved by hand, so every holder
+case is checked at once: three ranks commit five steps of a shard that is a
+function of (shard, step); one folder is then emptied (that member is lost),
+and a new round of three starts with the folders in another order. Rank r of
+the new round must load shard r of step 5: rank 1 from the peer copy of the
+lost member's successor, rank 2 (the empty folder: the replacement) from
+rank 0's own copy, rank 0 from rank 1's own copy.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+from e2e.localproc import free_port
+from tests.integration.agent.gloo_ranks import rank_envs, run_ranks
+from torchflex_agent.fence import Lease
+
+RANK = textwrap.dedent(
+    """
+    import datetime, json, os, shutil, sys, time
+    from pathlib import Path
+    import torch
+    import torch.distributed as dist
+    from torchflex_agent.fence import Lease
+    from torchflex_agent.state import TrainState
+
+    class Shard:
+        def __init__(self):
+            self.value = torch.zeros(4)
+        def state_dict(self):
+            return {"value": self.value.clone()}
+        def load_state_dict(self, sd):
+            self.value = sd["value"]
+
+    def init(port):
+        os.environ["MASTER_PORT"] = port
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        return dist.get_rank()
+
+    port1, port2, lease = sys.argv[1:4]
+    folder = Path(os.environ["TORCHFLEX_STATE_DIR"])
+    rank = init(port1)
+    shard = Shard()
+    state = TrainState(shard=shard, sharded=True)
+    assert state.restore() is None  # nobody holds anything yet
+    for step in range(1, 6):
+        shard.value = torch.full((4,), rank * 1000.0 + step)
+        assert state.commit(step)
+    # The receiver thread writes the predecessor's copies as they come: wait (bounded).
+    deadline = time.monotonic() + 30
+    while state.peer.received < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    peer = json.loads((folder / "peer-0").read_bytes().split(b"\\n", 1)[0])
+    received = state.peer.received
+    state.close()
+    dist.barrier()
+    if rank == 1:  # this member is lost with its folder; it comes back as a replacement
+        shutil.rmtree(folder)
+        folder.mkdir()
+    if rank == 0:  # the agents move to round 2
+        Lease(Path(lease), 300.0).grant(2, "inc", time.monotonic())
+    dist.barrier()
+    dist.destroy_process_group()
+
+    # Round 2: the folders of old ranks 2, 0 and 1 (emptied) are new ranks 0, 1, 2.
+    os.environ["RANK"] = str({0: 1, 1: 2, 2: 0}[rank])
+    os.environ["TORCHFLEX_ROUND"] = "2"
+    init(port2)
+    shard = Shard()
+    state = TrainState(shard=shard, sharded=True)
+    got = state.restore()
+    state.close()
+    print(json.dumps({
+        "rank": dist.get_rank(),
+        "old": rank,
+        "received": received,
+        "peer": [peer["rank"], peer["step"]],
+        "step": got.step if got else None,
+        "from": [got.source, got.slot, got.meta.rank] if got else None,
+        "value": shard.value.tolist(),
+    }), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_each_rank_gets_its_shard_from_whoever_holds_it(tmp_path: Path) -> None:
+    lease = Lease(tmp_path / "lease", duration=300.0)
+    lease.grant(1, "inc", time.monotonic())
+    folders = [tmp_path / name for name in "abc"]
+    for folder in folders:
+        folder.mkdir()
+    envs = rank_envs(folders, lease.path, 1)
+    results = run_ranks(RANK, envs, [envs[0]["MASTER_PORT"], str(free_port()), str(lease.path)])
+    by_old = sorted(results, key=lambda r: int(r["old"]))
+    # Round 1: every rank kept its ring predecessor's shard of step 5.
+    assert all(r["received"] >= 5 for r in by_old), by_old
+    assert [r["peer"] for r in by_old] == [[2, 5], [0, 5], [1, 5]]
+    # Round 2: rank r resumed shard r of step 5; [holder, slot, shard] says who served it:
+    # the lost shard 1 from its successor's peer copy (old rank 2, now rank 0); shard 0
+    # from its owner at its new rank; shard 2 to the replacement from its owner.
+    new = sorted(results, key=lambda r: int(r["rank"]))
+    assert [r["step"] for r in new] == [5, 5, 5]
+    assert [r["from"] for r in new] == [[1, "copy", 0], [0, "peer", 1], [0, "copy", 2]]
+    assert [r["value"] for r in new] == [[float(r * 1000 + 5)] * 4 for r in range(3)]
