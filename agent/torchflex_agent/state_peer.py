@@ -57,8 +57,6 @@ _RESTORE_TAG = 1
 _SIDE_TIMEOUT = datetime.timedelta(seconds=60)
 """The side group's timeout: a send to a frozen successor fails after it (the
 training's own collectives are stuck with that member too)."""
-_IDLE_POLL_S = 0.05
-"""How often an idle receiver looks whether it was stopped."""
 _CLOSE_WAIT_S = 2.0
 """How long ``close`` waits for the receiver to stop and the last send to go out."""
 _MAX_HEADER_BYTES = 4096
@@ -104,11 +102,12 @@ class PeerRing:
         receiver.expect()
 
     def close(self) -> None:
-        """End this round's ring: stop the receiver, let the last send go out (bounded),
-        drop the side group. Call before leaving the process group."""
+        """End this round's ring: the receiver takes the copies due and stops, the last
+        send goes out (both bounded), the side group is dropped. Call before leaving the
+        process group."""
         receiver, self._receiver = self._receiver, None
         if receiver is not None:
-            receiver.stop.set()
+            receiver.stop()
             receiver.join(_CLOSE_WAIT_S)
         try:
             self._finish_sends(_CLOSE_WAIT_S)
@@ -179,17 +178,31 @@ class _Receiver(threading.Thread):
     def __init__(self, group: Any, pred: int, store: CopyStore, ring: PeerRing) -> None:
         super().__init__(daemon=True, name="torchflex-peer-copy")
         self._group, self._pred, self._store, self._ring = group, pred, store, ring
-        self._due = threading.Semaphore(0)
-        self.stop = threading.Event()
+        self._cv = threading.Condition()
+        self._due = 0
+        self._stopping = False
 
     def expect(self) -> None:
         """This rank committed a step: its predecessor's copy of it is due."""
-        self._due.release()
+        with self._cv:
+            self._due += 1
+            self._cv.notify()
+
+    def stop(self) -> None:
+        """Stop once every copy due was taken."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
 
     def run(self) -> None:
-        while not self.stop.is_set():
-            if not self._due.acquire(timeout=_IDLE_POLL_S):
-                continue
+        while True:
+            with self._cv:
+                # Every copy due is taken before stopping: the predecessor's send of
+                # it completes only once this side posted its receive.
+                self._cv.wait_for(lambda: self._due > 0 or self._stopping)
+                if self._due == 0:
+                    return
+                self._due -= 1
             size = torch.zeros(1, dtype=torch.int64)
             try:
                 self._group.recv([size], self._pred, _RING_TAG).wait()
