@@ -11,7 +11,10 @@ with its own state folder in ``/dev/shm`` and one lease file, as under
 replicated, once with ``sharded=True`` (the peer copy: own copy and previous,
 a posted send to the ring successor, its receiver thread writing the
 predecessor's copy). Reported per mode: the median and 90th percentile of
-``commit`` over every rank, and the median as a share of the step time.
+``commit`` over every rank, and the median as a share of the step time; for
+``sharded=True`` also how long after ``commit`` began the copy was in the
+successor's folder (read there by polling its header, outside the timed
+``commit``).
 The machine's load average is printed beside (numbers are indicative on a
 shared machine).
 """
@@ -30,6 +33,8 @@ from pathlib import Path
 
 from e2e.localproc import free_port
 from torchflex_agent.fence import Lease
+from torchflex_agent.shard_logic import PEER
+from torchflex_agent.state_shm import CopyStore
 from torchflex_contract import env as tfenv
 
 _WARMUP = 20
@@ -50,7 +55,10 @@ def worker(commits: int, step_time: float, sharded: bool) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     state = TrainState(model=model, opt=opt, sharded=sharded)
     state.restore()
-    times = []
+    # Sharded: the successor's folder, to see when this rank's copy lands there.
+    succ_dir = os.environ.get("BENCH_SUCCESSOR_DIR", "")
+    succ = CopyStore({tfenv.STATE_DIR: succ_dir}) if sharded and succ_dir else None
+    times, landed = [], []
     for step in range(1, commits + _WARMUP + 1):
         started = time.monotonic()
         x = torch.randn(32, 16)
@@ -63,16 +71,24 @@ def worker(commits: int, step_time: float, sharded: bool) -> None:
         assert state.commit(step)
         if step > _WARMUP:
             times.append(time.perf_counter() - t0)
+        while succ is not None and step > _WARMUP and time.perf_counter() - t0 < step_time:
+            meta = succ.read_meta(PEER)
+            if meta is not None and meta.step == step:
+                landed.append(time.perf_counter() - t0)
+                break
+            time.sleep(0.0002)
         left = step_time - (time.monotonic() - started)
         if left > 0:
             time.sleep(left)
     state.close()
     dist.barrier()
     dist.destroy_process_group()
-    print(json.dumps(times), flush=True)
+    print(json.dumps([times, landed]), flush=True)
 
 
-def run_mode(ranks: int, commits: int, step_time: float, sharded: bool) -> list[float]:
+def run_mode(
+    ranks: int, commits: int, step_time: float, sharded: bool
+) -> tuple[list[float], list[float]]:
     with tempfile.TemporaryDirectory(prefix="torchflex-bench-commit-", dir="/dev/shm") as tmp:
         lease = Lease(Path(tmp) / "lease", duration=3600.0)
         lease.grant(1, "bench", time.monotonic())
@@ -87,6 +103,7 @@ def run_mode(ranks: int, commits: int, step_time: float, sharded: bool) -> list[
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 tfenv.STATE_DIR: str(folder), tfenv.FENCE_FILE: str(lease.path),
                 tfenv.ROUND: "1",
+                "BENCH_SUCCESSOR_DIR": str(Path(tmp) / f"rank-{(rank + 1) % ranks}"),
             })  # fmt: skip
             cmd = [sys.executable, "-m", "benchmarks.state_commit", "--worker",
                    "--commits", str(commits), "--step-time", str(step_time)]  # fmt: skip
@@ -94,6 +111,7 @@ def run_mode(ranks: int, commits: int, step_time: float, sharded: bool) -> list[
                 cmd.append("--sharded")
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
         times: list[float] = []
+        landed: list[float] = []
         for p in procs:
             try:
                 out, _ = p.communicate(timeout=commits * step_time * 3 + 120)
@@ -101,8 +119,10 @@ def run_mode(ranks: int, commits: int, step_time: float, sharded: bool) -> list[
                 p.kill()
             if p.returncode != 0:
                 raise SystemExit(f"a rank failed (exit {p.returncode})")
-            times += json.loads(out.strip().splitlines()[-1])
-    return times
+            got = json.loads(out.strip().splitlines()[-1])
+            times += got[0]
+            landed += got[1]
+    return times, landed
 
 
 def main() -> None:
@@ -118,7 +138,8 @@ def main() -> None:
         return
     print(f"load average before: {Path('/proc/loadavg').read_text().strip()}")
     for sharded in (False, True):
-        times = sorted(run_mode(args.ranks, args.commits, args.step_time, sharded))
+        times, landed = run_mode(args.ranks, args.commits, args.step_time, sharded)
+        times.sort()
         median, p90 = statistics.median(times), times[int(len(times) * 0.9)]
         mode = "sharded=True" if sharded else "replicated"
         print(
@@ -126,6 +147,14 @@ def main() -> None:
             f"({len(times)} commits, {args.ranks} ranks): {median / args.step_time:.1%} "
             f"of a {args.step_time * 1e3:.0f} ms step"
         )
+        if landed:
+            landed.sort()
+            print(
+                f"{'':>13}  the copy in the successor's folder: median "
+                f"{statistics.median(landed) * 1e3:.2f} ms, p90 "
+                f"{landed[int(len(landed) * 0.9)] * 1e3:.2f} ms after commit began "
+                f"({len(landed)} of {len(times)} within the step)"
+            )
     print(f"load average after: {Path('/proc/loadavg').read_text().strip()}")
 
 
