@@ -11,7 +11,8 @@ commit, and ``restored step=N from=... slot=... shard=S mark=M sum=C``):
 every rank resumed the same step, at most one behind the last printed step;
 each holds exactly its shard of that step (``mark = shard * 1e6 + step``);
 the lost member's shard was served from a peer copy (``slot=peer``) and
-equals what the lost member printed for that step. Network: 127.0.0.1 only;
+equals what the lost member printed for that step; the survivors re-formed
+in place. Network: 127.0.0.1 only;
 every process is started here and stopped by PID (the helpers of
 ``test_state_api.py``).
 """
@@ -93,6 +94,8 @@ def test_lost_shard_comes_back_from_its_peer_copy(sjob: Job) -> None:
     # Every rank holds exactly its shard of that step.
     assert sorted(int(m.group(5)) for m in got) == [0, 1, 2]
     assert all(int(m.group(6)) == int(m.group(5)) * 1_000_000 + step for m in got), got
+    # The survivors kept their processes: a new process group, the same workers.
+    assert all(m.group(8) for m in got[: len(survivors)]), got
 
     # The lost member's shard: served from its successor's peer copy, equal to what the
     # lost member printed for that step (when it lived to print it).
