@@ -52,6 +52,7 @@ from torchflex_agent.liveness import LivenessSettings, PresenceServer, RoundMoni
 from torchflex_agent.prewarm import ForkServer, python_launch
 from torchflex_agent.progress import read_progress
 from torchflex_agent.rdzv_logic import (
+    SILENT,
     NodeDescriptor,
     RendezvousResult,
     RendezvousSettings,
@@ -246,13 +247,16 @@ class ElasticAgent:
             if self._fork.wait_ready(0.1) or not self._fork.alive:
                 return
 
-    def _keep_workers(self, reason: RestartReason, silent: bool, group: WorkerGroup) -> bool:
+    def _keep_workers(
+        self, reason: RestartReason, lost: tuple[tuple[int, str], ...], group: WorkerGroup
+    ) -> bool:
         """The supervisor asks on a re-form: keep workers that re-form in place?"""
         if self._state_dir is None or self._terminating.is_set():
             return False
         state, _ = group.poll()
         declared = in_place_pids(self._state_dir, len(group.pids))
         running = state is GroupState.RUNNING
+        silent = any(how == SILENT for _rank, how in lost)
         unblockable = armed(self._state_dir, group.pids, group.round)
         if not keep_in_place(
             reason, silent, running, declared, group.pids, unblockable=unblockable
@@ -262,8 +266,9 @@ class ElasticAgent:
         for local_rank in range(len(group.pids)):
             mark_kept(self._state_dir, local_rank, group.round)
         if unblock_kept(reason):  # a collective may wait on the lost member: end it now
+            nodes = [rank for rank, _how in lost]
             for local_rank in range(len(group.pids)):
-                signal_unblock(self._state_dir, local_rank, group.round)
+                signal_unblock(self._state_dir, local_rank, group.round, nodes)
         self._kept = group
         return True
 

@@ -26,10 +26,12 @@ broadcasts it from its holder (a replacement or new member holds nothing).
 No disk is read. Without ``torchflex-agent`` (no ``TORCHFLEX_STATE_DIR``)
 ``commit`` keeps nothing and ``restore`` returns None: the script runs as before.
 
-With ``in_place=True`` the survivors of a member that joined, left or died
-keep their processes: the agent keeps them (``kept``) and hands them the new
-round, and ``reform`` re-creates the process group and restores, without a
-new process or import (see the example's loop and docs/state-api.md).
+With ``in_place=True`` the survivors of a member that joined, left, died or
+froze keep their processes: the agent keeps them (``kept``) and hands them the
+new round, and ``reform`` re-creates the process group and restores, without a
+new process or import (see the example's loop and docs/state-api.md). After a
+loss a watcher thread (``state_unblock``) shuts the old group's links down on
+the agent's word, so a collective waiting on the lost member fails at once.
 
 State is *replicated* by default (DDP: every rank holds the same model and
 optimizer after a step), so any survivor's copy is the group's state. With
@@ -41,6 +43,7 @@ shard r of the newest step whose shards all have a holder (``shard_logic``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import io
 import logging
@@ -57,6 +60,7 @@ from torchflex_agent.fence import Verdict
 from torchflex_agent.state_logic import CopyMeta, Source, choose_source
 from torchflex_agent.state_peer import PeerRing, all_gather_json, keep_previous_own
 from torchflex_agent.state_shm import CopyStore
+from torchflex_agent.state_unblock import Unblocker, socket_inodes
 from torchflex_contract import env as tfenv
 
 log = logging.getLogger(__name__)
@@ -108,7 +112,12 @@ class TrainState:
         self._round_over = False
         self.in_place = in_place and self._store.enabled
         """Whether this worker re-forms in place (``reform``) when its agent keeps it."""
+        self._unblock: Unblocker | None = None
+        self._before_init: frozenset[int] | None = None
+        """The process's sockets right before the current group's ``init_process_group``
+        (known for the groups ``reform`` makes; None for the first)."""
         if self.in_place:
+            self._unblock = _start_unblocker(self._store)
             self._store.declare_in_place()
         self.refused = 0
         """Commits the fence (or a newer copy) refused: this member is no longer in its group."""
@@ -156,6 +165,8 @@ class TrainState:
 
     def restore(self) -> Restored | None:
         """Load the group's newest usable copy into the registered objects (collective)."""
+        if self.in_place and dist.is_available() and dist.is_initialized():
+            self._arm()
         if self.peer is not None:
             return self._restore_shard(self.peer)
         mine = self._store.read_meta()
@@ -229,6 +240,7 @@ class TrainState:
         self._round, env = got
         self._round_over = False
         os.environ.update(env)  # rank, world size, master, round: what a launch would set
+        self._before_init = frozenset(socket_inodes())
         dist.init_process_group(backend, **init_kwargs)
         return self.restore()
 
@@ -256,6 +268,25 @@ class TrainState:
         meta = dataclasses.replace(plan.meta, rank=src.shard)
         return Restored(step, loop, meta, src.holder != _rank(), src.holder, src.slot)
 
+    def _arm(self) -> None:
+        """Collective: every in-place rank picks the new group's links (``state_unblock``),
+        so that the agent can end a collective that waits on a lost member at once."""
+        gather = functools.partial(all_gather_json, device=_collective_device())
+        if self._unblock is None or dist.get_backend() != "gloo":
+            # NCCL's data does not go through the TCP links (docs/state-api.md):
+            # never armed there. Our peers gather with us all the same.
+            gather([])
+            return
+        n = self._unblock.arm(
+            self._round,
+            rank=_rank(),
+            node=int(os.environ.get("GROUP_RANK", "-1") or "-1"),
+            gather=gather,
+            store_port=int(os.environ.get("MASTER_PORT", "0") or "0"),
+            existed_before=self._before_init,
+        )
+        log.info("round %d: %d group link(s) to shut down if a member is lost", self._round, n)
+
     def _payload(self, source: Source) -> bytes | None:
         if not source.broadcast:
             got = self._store.read()
@@ -265,6 +296,18 @@ class TrainState:
                 raise RuntimeError(f"state copy changed during restore (expected {source.meta})")
             return got[1]
         return _broadcast_bytes(self._store, source)
+
+
+def _start_unblocker(store: CopyStore) -> Unblocker | None:
+    """The watcher that shuts the group's links down on the agent's word; None where it
+    cannot run (no FIFO, no ``/proc``): such a worker is kept only after non-silent losses."""
+    if store.directory is None:
+        return None
+    try:
+        return Unblocker(store.directory, store.local_rank)
+    except OSError as exc:
+        log.warning("in place without unblocking (a silent loss restarts the workers): %s", exc)
+        return None
 
 
 def _leave_group() -> None:

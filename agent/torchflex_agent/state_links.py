@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 Endpoint = tuple[str, int]
 """An address as text (IPv4-mapped IPv6 written as IPv4, as the peer may see it) and a port."""
@@ -76,14 +76,60 @@ def candidate_links(
     return out
 
 
-def group_links(mine: Sequence[TcpSocket], others: Iterable[Sequence[object]]) -> frozenset[int]:
-    """The inodes of ``mine`` that another rank reports as its end of the same connection.
+def group_links(
+    mine: Sequence[TcpSocket], others: Iterable[tuple[int, Sequence[object]]]
+) -> dict[int, int]:
+    """The inodes of ``mine`` that another rank reports as its end of the same
+    connection, each with that rank's node rank (its agent's, ``GROUP_RANK``).
 
-    ``others``: every other rank's candidates as gathered (``TcpSocket.ends``);
-    malformed rows are ignored (a rank that found none sends an empty list).
+    ``others``: every other rank's node rank and candidates as gathered
+    (``TcpSocket.ends``); malformed rows are ignored (a rank that found none
+    sends an empty list).
     """
-    seen = {ends for rows in others for row in rows if (ends := _ends(row)) is not None}
-    return frozenset(s.inode for s in mine if (s.remote, s.local) in seen)
+    seen: dict[tuple[Endpoint, Endpoint], int] = {}
+    for node, rows in others:
+        for row in rows:
+            ends = _ends(row)
+            if ends is not None:
+                seen[ends] = node
+    out: dict[int, int] = {}
+    for s in mine:
+        peer = seen.get((s.remote, s.local)) if s.remote is not None else None
+        if peer is not None:
+            out[s.inode] = peer
+    return out
+
+
+def links_to(links: Mapping[int, int], lost: Collection[int] | None) -> frozenset[int]:
+    """The links to shut down after the loss of the nodes ``lost`` (None: unknown, all).
+
+    Only the lost members' links: a link between two survivors may be
+    carrying a message right then, and gloo does not fail a receive cut
+    mid-message (it waits for its timeout); a survivor waiting on another
+    survivor is released when that one leaves the group and its sockets
+    close, with whole messages only.
+    """
+    return frozenset(i for i, node in links.items() if lost is None or node in lost)
+
+
+def unblock_line(round_no: int, lost: Collection[int]) -> bytes:
+    """The agent's word to a kept worker: ``round_no`` is over, the nodes ``lost`` are gone."""
+    nodes = ",".join(str(n) for n in sorted(lost)) or "-"  # "-": nobody, nothing to shut
+    return f"{round_no} {nodes}\n".encode()
+
+
+def parse_unblock(line: bytes) -> tuple[int, frozenset[int] | None] | None:
+    """:func:`unblock_line`'s round and lost nodes (None: not said: all); None if malformed."""
+    parts = line.split()
+    try:
+        round_no = int(parts[0])
+        if len(parts) < 2:
+            return round_no, None
+        if parts[1] == b"-":
+            return round_no, frozenset()
+        return round_no, frozenset(int(n) for n in parts[1].split(b","))
+    except (IndexError, ValueError):
+        return None
 
 
 def _ends(row: object) -> tuple[Endpoint, Endpoint] | None:

@@ -8,16 +8,19 @@ for a frozen or partitioned one. Once the agent has decided the old group is
 over it says so here (:func:`signal_unblock`, a line on a FIFO in its state
 folder), and the worker's :class:`Unblocker` (a thread of
 ``state.TrainState(in_place=True)``, blocked on that FIFO: no polling)
-shuts down (``SHUT_RDWR``) the old group's TCP connections, which
-``state_links`` picked when the group was formed. gloo reads EOF at once,
-the collective raises, and the script's ``except RuntimeError: if
-state.kept(): reform()`` path runs. Stdlib only, no torch: the agent imports
-the agent side of it (:func:`signal_unblock`, :func:`armed`).
+shuts down (``SHUT_RDWR``) the old group's TCP connections to the lost
+nodes, which ``state_links`` picked when the group was formed. gloo reads
+EOF at once, the collective raises, and the script's ``except RuntimeError:
+if state.kept(): reform()`` path runs. Stdlib only, no torch: the agent
+imports the agent side of it (:func:`signal_unblock`, :func:`armed`).
 
-In-flight sends: a shut-down socket still sends what its buffer holds, then
-FIN; a peer reading a message mid-way sees EOF and fails its collective too.
-No rank uses a collective's result that did not complete, and every survivor
-resumes from the copies (``restore``), so nothing half-sent is ever used.
+Only the lost members' links (``state_links.links_to``): a link between two
+survivors may be carrying a message, and gloo fails a receive cut
+mid-message only at its timeout. A survivor waiting on another survivor is
+released when that one leaves the group (its sockets close after whole
+messages). No rank uses a collective's result that did not complete, and
+every survivor resumes from the copies (``restore``), so nothing half-sent
+is ever used.
 
 A worker says when it is armed (``armed-<LOCAL_RANK>``: its PID and round):
 only then may the agent keep it across a *silent* loss (a frozen peer),
@@ -36,7 +39,15 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
-from torchflex_agent.state_links import TcpSocket, candidate_links, endpoint, group_links
+from torchflex_agent.state_links import (
+    TcpSocket,
+    candidate_links,
+    endpoint,
+    group_links,
+    links_to,
+    parse_unblock,
+    unblock_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +59,11 @@ def fifo_path(folder: Path, local_rank: int) -> Path:
     return folder / f"unblock-{local_rank}"
 
 
-def signal_unblock(folder: Path, local_rank: int, round_no: int) -> bool:
-    """Agent side: tell the worker of ``local_rank`` that ``round_no``'s group is over.
+def signal_unblock(
+    folder: Path, local_rank: int, round_no: int, lost: Collection[int] = ()
+) -> bool:
+    """Agent side: tell the worker of ``local_rank`` that ``round_no``'s group is over
+    and which members' nodes (``lost``: node ranks) are gone: it shuts their links.
 
     False when no worker listens (it exited, or never opted in): nothing to do.
     Never blocks: the FIFO is opened and written without waiting.
@@ -61,7 +75,7 @@ def signal_unblock(folder: Path, local_rank: int, round_no: int) -> bool:
             log.warning("cannot signal worker %d to unblock: %s", local_rank, exc)
         return False
     try:
-        os.write(fd, f"{round_no}\n".encode())
+        os.write(fd, unblock_line(round_no, lost))
     except OSError as exc:
         log.warning("cannot signal worker %d to unblock: %s", local_rank, exc)
         return False
@@ -161,9 +175,12 @@ class Unblocker:
         self._local_rank = local_rank
         self._lock = threading.Lock()
         self._round = -1
-        self._links: frozenset[int] = frozenset()
+        self._links: dict[int, int] = {}
+        """The group's links: inode -> the node rank of the rank at the other end."""
         self._over = -1
-        """The newest round the agent said is over (it may say so before ``arm``)."""
+        """The newest round the agent said is over (it may say so before ``arm``)..."""
+        self._lost: frozenset[int] | None = None
+        """...and the nodes it lost then."""
         path = fifo_path(folder, local_rank)
         with contextlib.suppress(FileExistsError):
             os.mkfifo(path, 0o600)
@@ -178,23 +195,31 @@ class Unblocker:
     def arm(
         self,
         round_no: int,
+        *,
         rank: int,
+        node: int,
         gather: Gather,
         store_port: int,
         existed_before: Collection[int] | None,
     ) -> int:
         """Pick ``round_no``'s group links (collective: ``gather`` over the new group) and
-        say so to the agent; returns how many. ``existed_before``: the process's socket
-        inodes right before ``init_process_group`` (None for a group formed before)."""
+        say so to the agent; returns how many. ``node``: this rank's node rank
+        (``GROUP_RANK``); ``existed_before``: the process's socket inodes right before
+        ``init_process_group`` (None for a group formed before)."""
         mine = candidate_links(tcp_sockets(socket_inodes()), store_port, existed_before)
-        rows = gather([s.ends() for s in mine])
-        others = [r for i, r in enumerate(rows) if i != rank and isinstance(r, list)]
+        rows = gather({"node": node, "links": [s.ends() for s in mine]})
+        others = [
+            (r["node"], r["links"])
+            for i, r in enumerate(rows)
+            if i != rank and isinstance(r, dict) and isinstance(r.get("node"), int)
+            if isinstance(r.get("links"), list)
+        ]
         links = group_links(mine, others)
         with self._lock:
             self._round, self._links = round_no, links
-            over = self._over >= round_no
+            over, lost = self._over >= round_no, self._lost
         if over:
-            self._unblock(round_no)
+            self._unblock(round_no, lost)
         elif links:
             # A torn read says "not armed": the agent then takes the restart path.
             (self._folder / f"armed-{self._local_rank}").write_text(f"{os.getpid()} {round_no}")
@@ -214,7 +239,7 @@ class Unblocker:
     def close(self) -> None:
         """Stop the watcher (it reads a line that is not a round) and drop the links."""
         with self._lock:
-            self._links = frozenset()
+            self._links = {}
         with contextlib.suppress(OSError):
             os.write(self._fd, b"close\n")
 
@@ -231,14 +256,22 @@ class Unblocker:
                 if line == b"close":
                     os.close(self._fd)
                     return
-                with contextlib.suppress(ValueError):
-                    self._unblock(int(line))
+                word = parse_unblock(line)
+                if word is not None:
+                    self._unblock(*word)
 
-    def _unblock(self, round_no: int) -> None:
+    def _unblock(self, round_no: int, lost: frozenset[int] | None) -> None:
         with self._lock:
-            self._over = max(self._over, round_no)
+            if round_no >= self._over:
+                self._over, self._lost = round_no, lost
             if self._round > round_no or not self._links:
                 return  # an older round's word (its group is gone already), or nothing armed
-            links, self._links = self._links, frozenset()
+            links = links_to(self._links, lost)
+            self._links = {i: n for i, n in self._links.items() if i not in links}
         done = shut_down(links)
-        log.warning("round %d over: shut down %d of the process group's links", round_no, done)
+        log.warning(
+            "round %d over: shut down %d link(s) of the process group, to node(s) %s",
+            round_no,
+            done,
+            "all" if lost is None else sorted(lost),
+        )

@@ -89,9 +89,12 @@ class RoundSupervisor:
     """Changes fields of the agent's report (``AgentReport``)."""
     counted: Callable[[int], None]
     """Called with the job-wide restart count after this agent counted a failure."""
-    keep_workers: Callable[[RestartReason, bool, WorkerGroup], bool] | None = None
-    """Asked on a re-form (reason, silent loss): True when the agent keeps the group
-    running to re-form in place (the state API), instead of stopping it."""
+    keep_workers: (
+        Callable[[RestartReason, tuple[tuple[int, str], ...], WorkerGroup], bool] | None
+    ) = None
+    """Asked on a re-form (reason, the members declared lost: node rank and how): True
+    when the agent keeps the group running to re-form in place (the state API),
+    instead of stopping it."""
     workers_succeeded: bool = False
     """Whether the round ``supervise`` last watched ended with every local worker
     exited 0 (``restart_policy.closed_job_exit``)."""
@@ -132,13 +135,14 @@ class RoundSupervisor:
             if action is Action.REFORM:
                 assert stale is not None
                 silent = False
+                lost: tuple[tuple[int, str], ...] = ()
                 if stale is RestartReason.MEMBER_LOST:
                     lost = rdzv.lost(result.round)
                     self._report_lost(result, lost)
                     if any(rank == result.node_rank for rank, _how in lost):
                         return self._fence(rdzv, result, group, "the group declared it lost")
                     silent = any(how == SILENT for _rank, how in lost)
-                if self.keep_workers is not None and self.keep_workers(stale, silent, group):
+                if self.keep_workers is not None and self.keep_workers(stale, lost, group):
                     return stale
                 grace = reform_grace(
                     self.config.stop_grace,

@@ -12,9 +12,11 @@ the disk path exists, and the scenario shows it is never taken. In order:
    replacement joins and receives the group's state by broadcast
    (``from=rank K``).
 2. SIGSTOP of another pod's whole tree (a frozen node: no socket closes):
-   the survivors' agents declare it lost and restart their workers, which
-   resume from the same copies; then it is woken (SIGCONT). Its copy is from an older round: if it
-   rejoins, it receives the group's state, never uses its own.
+   the survivors' agents declare it lost, keep their workers and tell them to
+   shut their old group's links down (``state_unblock``): the same processes
+   re-form in place from their own copies; then it is woken (SIGCONT). Its
+   copy is from an older round: if it rejoins, it receives the group's
+   state, never uses its own.
 3. The job reaches ``Succeeded``. Then every pod's log is read in order
    (each worker's ``step=N`` and ``restored step=N from=... round=R`` lines)
    and checked: each round resumes at most one step behind the highest step
@@ -231,8 +233,8 @@ def test_state_api_job_loses_at_most_one_step_per_sigkill_and_freeze(
         first = [e for e in events if e.kind == "restored" and e.round == rnd]
         print(f"STATE {what}: (last printed, resumed) {per_round[rnd]}, via {first}")
     # After the freeze: the survivors alone, each from its own copy (nothing sent), in
-    # new processes (stuck in a collective with the frozen one, they were restarted).
-    assert all(e.source == "local" and not e.in_place for e in first), first
+    # the same processes (unblocked from their collective with the frozen one).
+    assert all(e.source == "local" and e.in_place for e in first), first
     # The killed pod's replacement joined, by broadcast (checked above for every newcomer).
     replacement = [
         k for k in by_log if k.startswith(f"{namespace}_{killed}_") and killed_uid not in k

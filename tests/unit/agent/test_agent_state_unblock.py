@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from torchflex_agent.state_links import TcpSocket, candidate_links, endpoint, group_links
+from torchflex_agent.state_links import (
+    TcpSocket,
+    candidate_links,
+    endpoint,
+    group_links,
+    links_to,
+    parse_unblock,
+    unblock_line,
+)
 from torchflex_agent.state_unblock import (
     Unblocker,
     armed,
@@ -69,13 +77,41 @@ def test_candidate_links(s: TcpSocket, before: set[int] | None, kept: bool) -> N
 
 def test_a_link_is_one_another_rank_reports_from_its_side() -> None:
     mine = [sock(1, A, B), sock(2, ("10.0.0.1", 41001), C), sock(3, A, ("8.8.8.8", 443))]
-    rank_b = [[B[0], B[1], A[0], A[1]]]  # the other end of 1
-    rank_c = [[C[0], C[1], "10.0.0.1", 41001], "junk", [1, 2, 3, 4], [C[0], C[1]]]
-    assert group_links(mine, [rank_b, rank_c]) == {1, 2}  # 3 goes to no rank
-    assert group_links(mine, [rank_b]) == {1}
-    assert group_links(mine, []) == frozenset()
+    rank_b = (1, [[B[0], B[1], A[0], A[1]]])  # node 1: the other end of 1
+    rank_c = (2, [[C[0], C[1], "10.0.0.1", 41001], "junk", [1, 2, 3, 4], [C[0], C[1]]])
+    assert group_links(mine, [rank_b, rank_c]) == {1: 1, 2: 2}  # 3 goes to no rank
+    assert group_links(mine, [rank_b]) == {1: 1}
+    assert group_links(mine, []) == {}
     # The same pair seen from our side only (our own row) proves nothing.
-    assert group_links(mine, [[s.ends() for s in mine]]) == frozenset()
+    assert group_links(mine, [(0, [s.ends() for s in mine])]) == {}
+
+
+@pytest.mark.parametrize(
+    ("lost", "shut"),
+    [
+        ({2}, {20, 21}),  # only the lost node's links: survivors' links may carry a message
+        ({1, 2}, {10, 20, 21}),
+        ({7}, set()),
+        (None, {10, 20, 21}),  # the agent did not say: all
+    ],
+)
+def test_only_the_lost_members_links_are_shut(lost: set[int] | None, shut: set[int]) -> None:
+    assert links_to({10: 1, 20: 2, 21: 2}, lost) == shut
+
+
+@pytest.mark.parametrize(
+    ("line", "word"),
+    [
+        (unblock_line(4, [2, 1]), (4, frozenset({1, 2}))),
+        (unblock_line(4, []), (4, frozenset())),  # nobody named: nothing to shut
+        (b"4", (4, None)),
+        (b"x 1", None),
+        (b"4 1,y", None),
+        (b"", None),
+    ],
+)
+def test_the_agents_word(line: bytes, word: tuple[int, frozenset[int] | None] | None) -> None:
+    assert parse_unblock(line.strip()) == word
 
 
 @pytest.fixture()
@@ -113,33 +149,42 @@ def test_the_agents_word_shuts_the_groups_links_and_nothing_else(
     store_port = server.getsockname()[1]
     before = frozenset(socket_inodes())
     with socket.create_server(("127.0.0.1", 0)) as gloo_listener:
-        link, peer_end = connect(gloo_listener)  # the group's link, and the peer's end of it
+        link, peer_end = connect(gloo_listener)  # a link to node 1, and node 1's end of it
+        kept, kept_end = connect(gloo_listener)  # a link to node 2 (a survivor)
         other, other_end = connect(gloo_listener)  # a connection to a non-rank
         watcher = Unblocker(tmp_path, 0)
         try:
-            # Rank 1 (the peer) reports its end of `link` only.
-            def gather(rows: object) -> Sequence[object]:
-                return [rows, ends_of(peer_end)]
+            # Ranks 1 and 2 (nodes 1 and 2) report their ends of `link` and `kept`.
+            def gather(mine: object) -> Sequence[object]:
+                return [
+                    mine,
+                    {"node": 1, "links": ends_of(peer_end)},
+                    {"node": 2, "links": ends_of(kept_end)},
+                ]
 
             assert not armed(tmp_path, [os.getpid()], 3)
-            assert watcher.arm(3, 0, gather, store_port, before) == 1
+            got = watcher.arm(
+                3, rank=0, node=0, gather=gather, store_port=store_port, existed_before=before
+            )
+            assert got == 2
             assert armed(tmp_path, [os.getpid()], 3)
             assert not armed(tmp_path, [os.getpid()], 4)  # another round
             assert not armed(tmp_path, [os.getpid() + 1], 3)  # another worker
 
-            assert signal_unblock(tmp_path, 0, 2)  # an older round's word: ignored
+            assert signal_unblock(tmp_path, 0, 2, [1])  # an older round's word: ignored
             wait_over(watcher, 2)
             peer_end.sendall(b"y")
             assert link.recv(1) == b"y"
-            got: list[bytes] = []
-            reader = threading.Thread(target=lambda: got.append(link.recv(1)))
+            received: list[bytes] = []
+            reader = threading.Thread(target=lambda: received.append(link.recv(1)))
             reader.start()  # blocked as a collective waits on a peer that never sends
-            assert signal_unblock(tmp_path, 0, 3)
+            assert signal_unblock(tmp_path, 0, 3, [1])  # node 1 is lost
             reader.join(10)
-            assert got == [b""]  # EOF: gloo's "Connection closed by peer"
+            assert received == [b""]  # EOF: gloo's "Connection closed by peer"
             assert peer_end.recv(1) == b""  # the peer sees it too
-            # Everything else still carries bytes both ways, the listener still accepts.
-            for a, b in ((store_client, store_side), (other, other_end)):
+            # Everything else still carries bytes both ways (the link to the surviving
+            # node 2 too), the listener still accepts.
+            for a, b in ((store_client, store_side), (other, other_end), (kept, kept_end)):
                 a.sendall(b"x")
                 assert b.recv(1) == b"x"
             extra, extra_end = connect(gloo_listener)
@@ -147,7 +192,7 @@ def test_the_agents_word_shuts_the_groups_links_and_nothing_else(
             extra_end.close()
         finally:
             watcher.close()
-            for s in (link, peer_end, other, other_end):
+            for s in (link, peer_end, kept, kept_end, other, other_end):
                 s.close()
     store_client.close()
     store_side.close()
@@ -159,9 +204,14 @@ def test_a_word_that_came_before_the_group_was_armed_is_kept(
     link, peer_end = connect(server)
     watcher = Unblocker(tmp_path, 1)
     try:
-        assert signal_unblock(tmp_path, 1, 5)  # a peer died while we were re-forming
+        assert signal_unblock(tmp_path, 1, 5, [3])  # a peer died while we were re-forming
         wait_over(watcher, 5)
-        assert watcher.arm(5, 0, lambda rows: [rows, ends_of(peer_end)], 1, None) == 1
+
+        def gather(mine: object) -> Sequence[object]:
+            return [mine, {"node": 3, "links": ends_of(peer_end)}]
+
+        got = watcher.arm(5, rank=0, node=0, gather=gather, store_port=1, existed_before=None)
+        assert got == 1
         assert link.recv(1) == b""  # shut down as soon as armed
         assert not armed(tmp_path, [os.getpid()], 5)  # nothing left to shut: not armed
     finally:
