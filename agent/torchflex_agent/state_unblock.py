@@ -181,6 +181,7 @@ class Unblocker:
         """The newest round the agent said is over (it may say so before ``arm``)..."""
         self._lost: frozenset[int] | None = None
         """...and the nodes it lost then."""
+        self._closing = False
         path = fifo_path(folder, local_rank)
         with contextlib.suppress(FileExistsError):
             os.mkfifo(path, 0o600)
@@ -240,6 +241,9 @@ class Unblocker:
         """Stop the watcher (it reads a line that is not a round) and drop the links."""
         with self._lock:
             self._links = {}
+            if self._closing:  # the watcher closes the fd: its number may be reused
+                return
+            self._closing = True
         with contextlib.suppress(OSError):
             os.write(self._fd, b"close\n")
 

@@ -224,5 +224,6 @@ def test_nobody_listening_is_not_an_error(tmp_path: Path) -> None:
     assert not signal_unblock(tmp_path, 0, 1)  # no FIFO: the worker never opted in
     watcher = Unblocker(tmp_path, 0)
     watcher.close()
-    watcher.join(10)
+    assert watcher.join(10)
+    watcher.close()  # twice: nothing written to an fd number that may be reused
     assert not signal_unblock(tmp_path, 0, 1)  # its reader is gone: nobody to tell
