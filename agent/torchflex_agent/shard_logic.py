@@ -71,6 +71,34 @@ class ShardPlan:
         return self.sources[rank]
 
 
+def ring_order(nodes: Sequence[int | None]) -> list[int]:
+    """The peer-copy ring over ranks (index = rank, each its node rank or None): every
+    node's first rank by node, then every node's second, and so on (pure).
+
+    Ranks of a node are contiguous (``workers.worker_env``), so ``r + 1`` would
+    mostly be the same node, and a node's loss would take a shard with its only
+    peer copy. In this order a rank's successor is on another node whenever there
+    are two nodes or more and every node has as many ranks. A rank without a node
+    (None: not run by ``torchflex-agent``) counts as a node of its own.
+    """
+    keys = [("node", n) if n is not None else ("rank", r) for r, n in enumerate(nodes)]
+    seen: dict[tuple[str, int], int] = {}
+    index = []
+    for key in keys:
+        index.append(seen.get(key, 0))
+        seen[key] = index[-1] + 1
+    order = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    return sorted(range(len(nodes)), key=lambda r: (index[r], order[keys[r]]))
+
+
+def ring_neighbours(nodes: Sequence[int | None], rank: int) -> tuple[int, int]:
+    """``rank``'s successor (which keeps its copy) and predecessor (whose copy it keeps)
+    in :func:`ring_order`: each rank has exactly one of each."""
+    ring = ring_order(nodes)
+    at = ring.index(rank)
+    return ring[(at + 1) % len(ring)], ring[(at - 1) % len(ring)]
+
+
 def plan_shards(held: Sequence[Sequence[Held]], current: str) -> ShardPlan | None:
     """The new round's plan (index = rank in the new round, each its list of copies);
     None when no key of the newest round is whole or the group's size changed."""

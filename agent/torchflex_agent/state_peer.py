@@ -9,13 +9,14 @@ Under FSDP or ZeRO each rank holds a different shard, so the copy in a rank's
 own agent folder is not enough: when the member dies, its shard must still
 exist somewhere. After ``commit(step)`` writes a rank's own copy, the same
 bytes (header line and payload, the copy file's format) go to its ring
-successor in the current group, rank ``(r + 1) % world``, over a gloo side
-group made once per round (``dist.new_group``: CPU bytes, whatever the
-training backend). The send is posted (``isend``) and left to gloo: the
-main thread goes on with the next step and only waits for it at the next
-commit. A receiver thread per rank takes its predecessor's length, then its
-bytes, and writes them (fenced, exactly like the own copy) as the ``peer``
-slot of its agent's folder, milliseconds after the commit. Both sides keep the copy before too
+successor in the current group, a rank on another node
+(``shard_logic.ring_order``), over a gloo side group made once per round
+(``dist.new_group``: CPU bytes, whatever the training backend). The send
+is posted (``isend``) and left to gloo: the main thread goes on with the
+next step and only waits for it at the next commit. A receiver thread per
+rank takes its predecessor's length, then its bytes, and writes them
+(fenced, exactly like the own copy) as the ``peer`` slot of its agent's
+folder, milliseconds after the commit. Both sides keep the copy before too
 (``prev``, ``peer-prev``, a hard link): a shard whose newest step died with
 its member before reaching the peer is still whole one step back.
 
@@ -31,6 +32,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import os
 import threading
 from typing import Any
 
@@ -46,6 +48,7 @@ from torchflex_agent.shard_logic import (
     Held,
     ShardPlan,
     plan_shards,
+    ring_neighbours,
 )
 from torchflex_agent.state_logic import CopyMeta
 from torchflex_agent.state_shm import CopyStore
@@ -68,38 +71,50 @@ class PeerRing:
     def __init__(self, store: CopyStore) -> None:
         self._store = store
         self._group: Any = None
+        self._succ = self._pred = -1
+        self._broken = False
+        """The last send failed (the successor is gone): no more sends this round."""
         self._sends: list[Any] = []
         self._receiver: _Receiver | None = None
         self.received = 0
         """Peer copies this rank wrote (for tests and logs)."""
 
     def ensure_open(self) -> Any:
-        """The side group of the current process group (made once per round: collective)."""
+        """The side group of the current process group and this rank's ring neighbours
+        (made once per round: collective)."""
         if self._group is None:
-            self._group = dist.new_group(backend="gloo", timeout=_SIDE_TIMEOUT)
+            group = dist.new_group(backend="gloo", timeout=_SIDE_TIMEOUT)
+            node = os.environ.get("GROUP_RANK", "")
+            nodes = all_gather_json(int(node) if node.isdigit() else None, group)
+            self._succ, self._pred = ring_neighbours(nodes, dist.get_rank())
+            self._group = group
         return self._group
 
     def send(self, meta: CopyMeta, payload: bytes | None) -> None:
         """Post this rank's committed copy to its successor (returns at once); ``None``
         when the write was refused: an empty message keeps the ring in lockstep."""
-        world = dist.get_world_size()
-        if world < 2:
+        if not dist.is_initialized() or dist.get_world_size() < 2:
             return
         group = self.ensure_open()
         receiver = self._start_receiver(group)
-        self._finish_sends(None)  # the previous step's: long done but for a slow peer
+        receiver.expect()
+        if self._broken:
+            return
         data = bytearray()
         if payload is not None:
             data += meta.header()
             data += payload
-        succ = (dist.get_rank() + 1) % world
-        size = torch.tensor([len(data)], dtype=torch.int64)
-        self._sends = [group.send([size], succ, _RING_TAG), size]  # tensors outlive sends
-        if data:
-            buf = torch.frombuffer(data, dtype=torch.uint8)
-            self._sends[1:1] = [group.send([buf], succ, _RING_TAG)]
-            self._sends.append(buf)
-        receiver.expect()
+        try:
+            self._finish_sends(None)  # the previous step's: long done but for a slow peer
+            size = torch.tensor([len(data)], dtype=torch.int64)
+            self._sends = [group.send([size], self._succ, _RING_TAG), size]  # tensors outlive
+            if data:
+                buf = torch.frombuffer(data, dtype=torch.uint8)
+                self._sends[1:1] = [group.send([buf], self._succ, _RING_TAG)]
+                self._sends.append(buf)
+        except RuntimeError as exc:  # the successor is gone: the round is over anyway
+            log.info("peer ring: a copy did not reach the successor (%s)", exc)
+            self._broken, self._sends = True, []
 
     def close(self) -> None:
         """End this round's ring: the receiver takes the copies due and stops, the last
@@ -115,6 +130,7 @@ class PeerRing:
             log.info("peer ring: the last copy did not reach the successor (%s)", exc)
         self._sends = []
         self._group = None
+        self._broken = False
 
     def restore(self, current: str) -> tuple[ShardPlan, bytes] | None:
         """The group's resume point and this rank's shard of it (collective), or None."""
@@ -156,8 +172,7 @@ class PeerRing:
 
     def _start_receiver(self, group: Any) -> _Receiver:
         if self._receiver is None:
-            pred = (dist.get_rank() - 1) % dist.get_world_size()
-            self._receiver = _Receiver(group, pred, self._store, self)
+            self._receiver = _Receiver(group, self._pred, self._store, self)
             self._receiver.start()
         return self._receiver
 

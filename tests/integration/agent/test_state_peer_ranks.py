@@ -9,7 +9,10 @@ function of (shard, step); one folder is then emptied (that member is lost),
 and a new round of three starts with the folders in another order. Rank r of
 the new round must load shard r of step 5: rank 1 from the peer copy of the
 lost member's successor, rank 2 (the empty folder: the replacement) from
-rank 0's own copy, rank 0 from rank 1's own copy.
+rank 0's own copy, rank 0 from rank 1's own copy. A second scenario has two
+nodes of two ranks (one folder per node, as agents have): the ring keeps each
+shard on the other node, so when one node is lost with both its ranks' copies,
+both its shards come back from peer copies on the node that survived.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from torchflex_agent.fence import Lease
 
 RANK = textwrap.dedent(
     """
-    import datetime, json, os, shutil, sys, time
+    import datetime, json, os, sys, time
     from pathlib import Path
     import torch
     import torch.distributed as dist
@@ -44,7 +47,7 @@ RANK = textwrap.dedent(
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
         return dist.get_rank()
 
-    port1, port2, lease = sys.argv[1:4]
+    port1, port2, lease, lost, remap = sys.argv[1:6]
     folder = Path(os.environ["TORCHFLEX_STATE_DIR"])
     rank = init(port1)
     shard = Shard()
@@ -57,20 +60,21 @@ RANK = textwrap.dedent(
     deadline = time.monotonic() + 30
     while state.peer.received < 5 and time.monotonic() < deadline:
         time.sleep(0.01)
-    peer = json.loads((folder / "peer-0").read_bytes().split(b"\\n", 1)[0])
+    local = os.environ["LOCAL_RANK"]
+    peer = json.loads((folder / f"peer-{local}").read_bytes().split(b"\\n", 1)[0])
     received = state.peer.received
     state.close()
     dist.barrier()
-    if rank == 1:  # this member is lost with its folder; it comes back as a replacement
-        shutil.rmtree(folder)
-        folder.mkdir()
+    if rank in json.loads(lost):  # lost with its copies; it comes back as a replacement
+        for slot in ("copy", "prev", "peer", "peer-prev"):
+            (folder / f"{slot}-{local}").unlink(missing_ok=True)
     if rank == 0:  # the agents move to round 2
         Lease(Path(lease), 300.0).grant(2, "inc", time.monotonic())
     dist.barrier()
     dist.destroy_process_group()
 
-    # Round 2: the folders of old ranks 2, 0 and 1 (emptied) are new ranks 0, 1, 2.
-    os.environ["RANK"] = str({0: 1, 1: 2, 2: 0}[rank])
+    # Round 2: each folder's worker gets the new rank ``remap`` gives it.
+    os.environ["RANK"] = str(json.loads(remap)[rank])
     os.environ["TORCHFLEX_ROUND"] = "2"
     init(port2)
     shard = Shard()
@@ -98,7 +102,9 @@ def test_each_rank_gets_its_shard_from_whoever_holds_it(tmp_path: Path) -> None:
     for folder in folders:
         folder.mkdir()
     envs = rank_envs(folders, lease.path, 1)
-    results = run_ranks(RANK, envs, [envs[0]["MASTER_PORT"], str(free_port()), str(lease.path)])
+    # Old rank 1 is lost; the folders of old ranks 2, 0 and 1 (emptied) are new ranks 0, 1, 2.
+    args = [envs[0]["MASTER_PORT"], str(free_port()), str(lease.path), "[1]", "[1, 2, 0]"]
+    results = run_ranks(RANK, envs, args)
     by_old = sorted(results, key=lambda r: int(r["old"]))
     # Round 1: every rank kept its ring predecessor's shard of step 5.
     assert all(r["received"] >= 5 for r in by_old), by_old
@@ -110,3 +116,30 @@ def test_each_rank_gets_its_shard_from_whoever_holds_it(tmp_path: Path) -> None:
     assert [r["step"] for r in new] == [5, 5, 5]
     assert [r["from"] for r in new] == [[1, "copy", 0], [0, "peer", 1], [0, "copy", 2]]
     assert [r["value"] for r in new] == [[float(r * 1000 + 5)] * 4 for r in range(3)]
+
+
+def test_a_lost_nodes_shards_come_back_from_the_other_node(tmp_path: Path) -> None:
+    lease = Lease(tmp_path / "lease", duration=300.0)
+    lease.grant(1, "inc", time.monotonic())
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for folder in nodes:
+        folder.mkdir()
+    # Ranks 0, 1 on node 0 and 2, 3 on node 1 (contiguous, as worker_env gives them).
+    envs = rank_envs([nodes[r // 2] for r in range(4)], lease.path, 1)
+    for rank, env in enumerate(envs):
+        env.update(LOCAL_RANK=str(rank % 2), GROUP_RANK=str(rank // 2))
+    # Node 1 is lost (both its ranks' copies) and replaced: the same ranks again.
+    args = [envs[0]["MASTER_PORT"], str(free_port()), str(lease.path), "[2, 3]", "[0, 1, 2, 3]"]
+    results = run_ranks(RANK, envs, args)
+    new = sorted(results, key=lambda r: int(r["rank"]))
+    # The ring 0 -> 2 -> 1 -> 3 -> 0: each rank kept the shard of a rank on the other node.
+    assert [r["peer"] for r in new] == [[3, 5], [2, 5], [0, 5], [1, 5]]
+    assert [r["step"] for r in new] == [5, 5, 5, 5]
+    # Node 1's shards from peer copies on node 0: shard 2 from rank 1, shard 3 from rank 0.
+    assert [r["from"] for r in new] == [
+        [0, "copy", 0],
+        [1, "copy", 1],
+        [1, "peer", 2],
+        [0, "peer", 3],
+    ]
+    assert [r["value"] for r in new] == [[float(r * 1000 + 5)] * 4 for r in range(4)]

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import pytest
 
-from torchflex_agent.shard_logic import OWN, OWN_PREVIOUS, PEER, PEER_PREVIOUS, Held, plan_shards
+from torchflex_agent.shard_logic import (
+    OWN,
+    OWN_PREVIOUS,
+    PEER,
+    PEER_PREVIOUS,
+    Held,
+    plan_shards,
+    ring_neighbours,
+    ring_order,
+)
 from torchflex_agent.state_logic import CopyMeta
 
 
@@ -129,3 +138,34 @@ NONE_CASES = [
 @pytest.mark.parametrize(("held", "current"), NONE_CASES)
 def test_no_whole_key(held: list[list[Held]], current: str) -> None:
     assert plan_shards(held, current) is None
+
+
+# (each rank's node, the ring's order): a rank's successor is the next one in it.
+RINGS = [
+    pytest.param([None, None, None], [0, 1, 2], id="no-nodes-rank-order"),
+    pytest.param([0, 1, 2], [0, 1, 2], id="one-rank-per-node"),
+    pytest.param([0, 0, 1, 1], [0, 2, 1, 3], id="2-nodes-x-2"),
+    pytest.param([0, 0, 0, 1, 1, 1], [0, 3, 1, 4, 2, 5], id="2-nodes-x-3"),
+    pytest.param([0, 0, 1, 1, 2, 2], [0, 2, 4, 1, 3, 5], id="3-nodes-x-2"),
+    # Nodes of different sizes: still one cycle through every rank; the bigger
+    # node's extra ranks follow each other (no other node is left to take them).
+    pytest.param([0, 0, 0, 1], [0, 3, 1, 2], id="uneven-3-and-1"),
+    pytest.param([0, 0, 1, 1, 1], [0, 2, 1, 3, 4], id="uneven-2-and-3"),
+    pytest.param([5, 5, 2, 2], [0, 2, 1, 3], id="node-ranks-not-from-0"),
+    pytest.param([0], [0], id="alone"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("nodes", "order"), RINGS)
+def test_ring_order(nodes: list[int | None], order: list[int]) -> None:
+    assert ring_order(nodes) == order
+    succ = [ring_neighbours(nodes, r)[0] for r in range(len(nodes))]
+    pred = [ring_neighbours(nodes, r)[1] for r in range(len(nodes))]
+    # A permutation: each rank keeps exactly one copy, and its predecessor's is the one.
+    assert sorted(succ) == list(range(len(nodes)))
+    assert all(succ[p] == r for r, p in enumerate(pred))
+    nodes_seen = {n for n in nodes if n is not None}
+    sizes = {nodes.count(n) for n in nodes_seen}
+    if len(nodes_seen) > 1 and len(sizes) == 1:
+        # Equal nodes, two or more: every copy is kept on another node.
+        assert all(nodes[succ[r]] != nodes[r] for r in range(len(nodes)))
