@@ -165,6 +165,10 @@ class TrainState:
 
     def restore(self) -> Restored | None:
         """Load the group's newest usable copy into the registered objects (collective)."""
+        if self.peer is not None and dist.is_available() and dist.is_initialized():
+            # The side group first (collective): arming then picks its links to a
+            # lost node too, so its receiver and pending send are released with the rest.
+            self.peer.ensure_open()
         if self.in_place and dist.is_available() and dist.is_initialized():
             self._arm()
         if self.peer is not None:
