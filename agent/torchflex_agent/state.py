@@ -57,8 +57,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from torchflex_agent.fence import Verdict
+from torchflex_agent.shard_logic import OWN_PREVIOUS
 from torchflex_agent.state_logic import CopyMeta, Source, choose_source
-from torchflex_agent.state_peer import PeerRing, all_gather_json, keep_previous_own
+from torchflex_agent.state_peer import PeerRing, all_gather_json
 from torchflex_agent.state_shm import CopyStore
 from torchflex_agent.state_unblock import Unblocker, socket_inodes
 from torchflex_contract import env as tfenv
@@ -148,9 +149,9 @@ class TrainState:
         }
         torch.save(payload, buf)
         data = buf.getvalue()
-        if self.peer is not None:
-            keep_previous_own(self._store)
-        why = self._store.write(meta, data)
+        # Sharded: the copy replaced is kept too, once this one is sure to land.
+        keep = OWN_PREVIOUS if self.peer is not None else None
+        why = self._store.write(meta, data, previous=keep)
         if self.peer is not None:
             self.peer.send(meta, data if why is None else None)
         if why is not None:

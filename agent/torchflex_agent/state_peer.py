@@ -40,8 +40,6 @@ import torch
 import torch.distributed as dist
 
 from torchflex_agent.shard_logic import (
-    OWN,
-    OWN_PREVIOUS,
     PEER,
     PEER_PREVIOUS,
     SLOTS,
@@ -239,17 +237,17 @@ class _Receiver(threading.Thread):
         except ValueError as exc:
             log.warning("peer ring: dropped a malformed copy (%s)", exc)
             return
-        self._store.keep_previous(PEER, PEER_PREVIOUS)
-        why = self._store.write(meta, view[end + 1 :], PEER)
+        fenced = self._store.fence_check()
+        if meta.round != fenced.round or meta.incarnation != fenced.incarnation:
+            # Only this round's copies: one of another round (a stale sender) must not
+            # replace, nor rotate out, the copies this round resumes from.
+            why: str | None = f"of another round than this member's ({fenced.round})"
+        else:
+            why = self._store.write(meta, view[end + 1 :], PEER, previous=PEER_PREVIOUS)
         if why is not None:
             log.warning("peer copy of shard %d step %d refused: %s", meta.rank, meta.step, why)
             return
         self._ring.received += 1
-
-
-def keep_previous_own(store: CopyStore) -> None:
-    """Before a sharded rank replaces its own copy: keep the one it replaces."""
-    store.keep_previous(OWN, OWN_PREVIOUS)
 
 
 def _exchange(group: Any, outgoing: list[tuple[int, bytes]], incoming: int | None) -> bytes:

@@ -204,8 +204,17 @@ class CopyStore:
             log.warning("unreadable state copy %s: %s", path, exc)
             return None
 
-    def write(self, meta: CopyMeta, payload: bytes | memoryview, slot: str = OWN) -> str | None:
-        """Replace the copy; None when it landed, else why it was refused."""
+    def write(
+        self,
+        meta: CopyMeta,
+        payload: bytes | memoryview,
+        slot: str = OWN,
+        previous: str | None = None,
+    ) -> str | None:
+        """Replace the copy; None when it landed, else why it was refused. ``previous``:
+        the slot that keeps the copy replaced (:meth:`keep_previous`), only once the
+        write is sure to land. A failed write (``/dev/shm`` full: its size limit) is a
+        refusal too: the caller's ring stays in lockstep, the step goes on."""
         path = self.file(slot)
         if path is None:
             return "no state folder (not run by torchflex-agent)"
@@ -224,9 +233,14 @@ class CopyStore:
             current = self.read_meta(slot)
             if not may_write(current, meta):
                 return f"the copy held is newer ({current})"
+            if previous is not None:
+                self.keep_previous(slot, previous)
             os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("state copy %s not written: %s", path, exc)
+            return f"not written ({exc})"
         finally:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 tmp.unlink()
         return None
 
