@@ -11,7 +11,9 @@ agent's pure import-linter contract (no clock, no socket, no torch).
 
 The rules, on top of ``state_logic``'s fencing: only the usable incarnation
 and, within it, only the newest round anyone holds (a stale member's copies
-are of an older round, so they are never used); within that round the
+are of an older round, so they are never used), or a round that round's
+re-commits came from (``restore`` commits the restored state again under
+the new round, recording the round it came from: the same state); within that round the
 highest step at which *every* shard has a holder (a lower step only when a
 shard's newest copy died with its member before it reached its peer). A key
 written by a group of another size, or no whole key in the newest round:
@@ -101,26 +103,49 @@ def ring_neighbours(nodes: Sequence[int | None], rank: int) -> tuple[int, int]:
 
 def plan_shards(held: Sequence[Sequence[Held]], current: str) -> ShardPlan | None:
     """The new round's plan (index = rank in the new round, each its list of copies);
-    None when no key of the newest round is whole or the group's size changed."""
+    None when no key of the newest round is whole or the group's size changed.
+
+    A copy ``restore`` committed again under round R+1 (``meta.base`` = R) also
+    holds its key in round R: when round R+1 has no whole key (a member lost
+    before every re-commit reached its peer), round R is tried, and so on down
+    that chain of re-commits only (never an older round by itself).
+    """
     everything = [h for copies in held for h in copies]
     incarnation = usable_incarnation([h.meta for h in everything], current)
     if incarnation is None:
         return None
-    usable = [h for h in everything if h.meta.incarnation == incarnation]
-    newest = max(h.meta.round for h in usable)
-    steps = sorted({h.meta.step for h in usable if h.meta.round == newest}, reverse=True)
-    for step in steps:
-        key = (incarnation, newest, step)
-        worlds = {h.meta.world for h in usable if h.meta.key == key}
-        if worlds != {len(held)}:
-            # Written by a group of another size (or, corrupt, of several): its shards
-            # do not map onto this group's ranks. A resharding load is the script's.
-            return None
-        sources = [_holder(held, key, shard) for shard in range(len(held))]
-        if all(s is not None for s in sources):
-            meta = CopyMeta(incarnation, newest, step, -1, len(held))
-            return ShardPlan(meta, tuple(s for s in sources if s is not None))
+    rows = [
+        _with_aliases([h for h in copies if h.meta.incarnation == incarnation]) for copies in held
+    ]
+    usable = [h for row in rows for h in row]
+    round_no: int | None = max(h.meta.round for h in usable)
+    while round_no is not None:
+        steps = sorted({h.meta.step for h in usable if h.meta.round == round_no}, reverse=True)
+        for step in steps:
+            key = (incarnation, round_no, step)
+            worlds = {h.meta.world for h in usable if h.meta.key == key}
+            if worlds != {len(held)}:
+                # Written by a group of another size (or, corrupt, of several): its shards
+                # do not map onto this group's ranks. A resharding load is the script's.
+                return None
+            sources = [_holder(rows, key, shard) for shard in range(len(held))]
+            if all(s is not None for s in sources):
+                meta = CopyMeta(incarnation, round_no, step, -1, len(held))
+                return ShardPlan(meta, tuple(s for s in sources if s is not None))
+        here = [h.meta for h in usable if h.meta.round == round_no]
+        round_no = max((m.base for m in here if 0 <= m.base < m.round), default=None)
     return None
+
+
+def _with_aliases(copies: Sequence[Held]) -> list[Held]:
+    """``copies`` and, for each re-commit, the same copy under the key it re-commits
+    (the holder serves the same file: ``state_peer`` accepts either key)."""
+    aliases = [
+        Held(h.slot, dataclasses.replace(h.meta, round=h.meta.base, base=-1))
+        for h in copies
+        if 0 <= h.meta.base < h.meta.round
+    ]
+    return [*copies, *aliases]
 
 
 def _holder(

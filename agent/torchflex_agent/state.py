@@ -135,12 +135,16 @@ class TrainState:
         """Whether copies are kept (the script runs under ``torchflex-agent``)."""
         return self._store.enabled
 
-    def commit(self, step: int, loop: Mapping[str, Any] | None = None) -> bool:
-        """Keep the state after ``step`` (call once the step completed); False if refused."""
+    def commit(
+        self, step: int, loop: Mapping[str, Any] | None = None, *, restored_from: int = -1
+    ) -> bool:
+        """Keep the state after ``step`` (call once the step completed); False if refused.
+        ``restored_from``: ``restore``'s own re-commit of a state of that round."""
         if not self._store.enabled:
             return False
         fenced = self._store.fence_check()
-        meta = CopyMeta(fenced.incarnation, fenced.round, step, _rank(), _world())
+        base = restored_from if 0 <= restored_from < fenced.round else -1
+        meta = CopyMeta(fenced.incarnation, fenced.round, step, _rank(), _world(), base)
         buf = io.BytesIO()
         payload = {
             "step": step,
@@ -267,8 +271,10 @@ class TrainState:
             obj.load_state_dict(payload["objects"][name])
         step, loop = int(payload["step"]), dict(payload["loop"])
         # Kept again under this round's key at once: until every rank commits in this
-        # round, its newest round would hold no whole key if another member died.
-        self.commit(step, loop)
+        # round, its newest round would hold no whole key if another member died. The
+        # round it came from goes with it: a re-commit that reached no peer leaves
+        # that round's key usable (shard_logic.plan_shards).
+        self.commit(step, loop, restored_from=plan.meta.round)
         src = plan.source(_rank())
         meta = dataclasses.replace(plan.meta, rank=src.shard)
         return Restored(step, loop, meta, src.holder != _rank(), src.holder, src.slot)

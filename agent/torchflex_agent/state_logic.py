@@ -39,8 +39,12 @@ class CopyMeta:
     round: int
     step: int
     rank: int = -1
-    """The global rank that wrote it (for logs; any rank's copy of replicated state is equal)."""
+    """The global rank that wrote it: sharded state's shard index (any rank's copy of
+    replicated state is equal)."""
     world: int = 0
+    base: int = -1
+    """Sharded state: a copy ``restore`` committed again under a new round holds the
+    state of ``(incarnation, base, step)`` too (``shard_logic.plan_shards``); -1 else."""
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -67,6 +71,7 @@ class CopyMeta:
                 int(raw["step"]),
                 int(raw.get("rank", -1)),
                 int(raw.get("world", 0)),
+                int(raw.get("base", -1)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed state copy header: {exc}") from exc

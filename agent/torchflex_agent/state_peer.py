@@ -153,7 +153,8 @@ class PeerRing:
     def _payload(self, slot: str, plan: ShardPlan, shard: int) -> bytes:
         got = self._store.read(slot)
         want = dataclasses.replace(plan.meta, rank=shard)
-        if got is None or (got[0].key, got[0].rank) != (want.key, shard):
+        keys = (got[0].key, (got[0].incarnation, got[0].base, got[0].step)) if got else ()
+        if got is None or want.key not in keys or got[0].rank != shard:
             raise RuntimeError(f"state copy {slot} changed during restore (expected {want})")
         return got[1]
 

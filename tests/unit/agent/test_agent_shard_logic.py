@@ -24,16 +24,18 @@ from torchflex_agent.shard_logic import (
 from torchflex_agent.state_logic import CopyMeta
 
 
-def own(shard: int, step: int, round_no: int = 2, world: int = 3, inc: str = "A") -> Held:
-    return Held(OWN, CopyMeta(inc, round_no, step, shard, world))
+def own(
+    shard: int, step: int, round_no: int = 2, world: int = 3, inc: str = "A", *, base: int = -1
+) -> Held:
+    return Held(OWN, CopyMeta(inc, round_no, step, shard, world, base))
 
 
 def prev(shard: int, step: int, round_no: int = 2, world: int = 3) -> Held:
     return Held(OWN_PREVIOUS, CopyMeta("A", round_no, step, shard, world))
 
 
-def peer(shard: int, step: int, round_no: int = 2, world: int = 3) -> Held:
-    return Held(PEER, CopyMeta("A", round_no, step, shard, world))
+def peer(shard: int, step: int, round_no: int = 2, world: int = 3, base: int = -1) -> Held:
+    return Held(PEER, CopyMeta("A", round_no, step, shard, world, base))
 
 
 def peer_prev(shard: int, step: int, round_no: int = 2, world: int = 3) -> Held:
@@ -86,6 +88,15 @@ CASES = [
         9, [(0, OWN), (2, PEER), (2, OWN)],
         id="stale-round-ignored",
     ),
+    pytest.param(
+        # Round 3 re-committed step 9 of round 2 (base 2), but the replacement's
+        # re-commit never reached its peer before it died too: round 3 has no whole
+        # key; round 2's step 9 is the same state and whole (re-commits count for it).
+        [[own(0, 9, round_no=3, base=2), prev(0, 9), peer(2, 9, round_no=3, base=2)], [],
+         [own(2, 9, round_no=3, base=2), prev(2, 9), peer(1, 9)]],
+        9, [(0, OWN), (2, PEER), (2, OWN)],
+        id="recommit-not-whole-base-round-is",
+    ),
 ]  # fmt: skip
 
 
@@ -126,6 +137,12 @@ NONE_CASES = [
         [[own(0, 20, round_no=3), prev(0, 9)], [own(1, 9), peer(0, 9)], [own(2, 9), peer(1, 9)]],
         "A",
         id="newest-round-not-whole",
+    ),
+    pytest.param(
+        # The same with re-commits of round 2, but round 2 is not whole either.
+        [[own(0, 9, round_no=3, base=2)], [], [own(2, 9, round_no=3, base=2), peer(1, 8)]],
+        "A",
+        id="recommit-base-round-not-whole-either",
     ),
     pytest.param(
         # Two old store numberings that cannot be ordered: nothing usable.
