@@ -13,8 +13,10 @@ replacement gets the lost shard from that peer copy, without disk.
 
 Each shard also carries ``mark = shard * 1e6 + step`` (a value a test can
 check) and a checksum of its tensors, printed on every line:
-``step=N loss=X world=W rank=R shard=S mark=M sum=C`` (printed after the
-step's commit, so a printed step is never lost) and on every resume
+``step=N loss=X world=W rank=R shard=S mark=M sum=C`` (printed right after
+the step's commit, before its pacing: every rank committed a printed step,
+which is lost only when a member died after its own commit and before the
+copy reached its peer; the group then resumes one step back) and on every resume
 ``restored step=N from=local|rank K slot=<slot> shard=S mark=M sum=C
 round=R`` (`` in place`` when the same process re-formed). The shards'
 layout depends on the world size: run it at a fixed size (``--nnodes N:N``).
@@ -167,12 +169,14 @@ def main() -> int:
             stopping, regroup = True, False
         if loss is not None:
             done += 1
-            left = args.step_time - (time.monotonic() - started)
-            if left > 0:
-                stop_requested.wait(left)
+            # Printed before the pacing (a stand-in for the next step's compute), so
+            # that a member lost during it has printed the step its copies hold.
             line = f"step={done} loss={loss:.4f} world={world} rank={rank} {shard.describe()}"
             print(line, flush=True)
             report_step(done)
+            left = args.step_time - (time.monotonic() - started)
+            if left > 0:
+                stop_requested.wait(left)
         if stopping:
             print(f"stopping at step={done} on SIGTERM", flush=True)
             break

@@ -90,7 +90,7 @@ def test_lost_shard_comes_back_from_its_peer_copy(sjob: Job) -> None:
     print(f"SHARDED resumed {max(t for t, _ in timed) - killed_at:.2f} s after the kill")
     assert len(steps) == 1, f"the ranks resumed different steps: {got}"
     step = steps.pop()
-    assert last - 1 <= step <= last + 1, f"lost {last - step} steps"
+    assert step <= last + 1, f"resumed step {step}, beyond the last printed {last}"
     # Every rank holds exactly its shard of that step.
     assert sorted(int(m.group(5)) for m in got) == [0, 1, 2]
     assert all(int(m.group(6)) == int(m.group(5)) * 1_000_000 + step for m in got), got
@@ -104,9 +104,14 @@ def test_lost_shard_comes_back_from_its_peer_copy(sjob: Job) -> None:
     lost_shard = int(lost_lines[-1].group(2))
     (theirs,) = [m for m in got if int(m.group(5)) == lost_shard]
     assert theirs.group(4) in ("peer", "peer-prev"), theirs.group(0)
+    # Every printed step was committed by every rank; one is lost only when the lost
+    # member died before its copy of it reached its peer (then served one step back).
+    floor = last - 1 if theirs.group(4) == "peer-prev" else last
+    assert step >= floor, f"lost {last - step} steps (from {theirs.group(4)})"
+    # The example prints a step right after its commit: the lost member printed it.
     printed = {int(m.group(1)): m.group(4) for m in lost_lines if int(m.group(2)) == lost_shard}
-    if step in printed:
-        assert theirs.group(7) == printed[step], (theirs.group(0), printed[step])
+    assert step in printed, (step, sorted(printed)[-3:])
+    assert theirs.group(7) == printed[step], (theirs.group(0), printed[step])
     training_at(group, 3, killed_at, 60, min_step=step + 2)
     assert preempt(group, 60) == [ExitCode.PREEMPTED] * len(group)
     left = [p.name for log in group for p in SHM.glob(f"torchflex-state-{log.proc.pid}-*")]
