@@ -73,6 +73,9 @@ class PeerRing:
         self._broken = False
         """The last send failed (the successor is gone): no more sends this round."""
         self._sends: list[Any] = []
+        """The posted sends' work handles, in order."""
+        self._sent: list[torch.Tensor] = []
+        """Their tensors: a posted send reads its tensor until it completes."""
         self._receiver: _Receiver | None = None
         self.received = 0
         """Peer copies this rank wrote (for tests and logs)."""
@@ -105,14 +108,15 @@ class PeerRing:
         try:
             self._finish_sends(None)  # the previous step's: long done but for a slow peer
             size = torch.tensor([len(data)], dtype=torch.int64)
-            self._sends = [group.send([size], self._succ, _RING_TAG), size]  # tensors outlive
+            self._sent = [size]
+            self._sends = [group.send([size], self._succ, _RING_TAG)]
             if data:
                 buf = torch.frombuffer(data, dtype=torch.uint8)
-                self._sends[1:1] = [group.send([buf], self._succ, _RING_TAG)]
-                self._sends.append(buf)
+                self._sent.append(buf)
+                self._sends.append(group.send([buf], self._succ, _RING_TAG))
         except RuntimeError as exc:  # the successor is gone: the round is over anyway
             log.info("peer ring: a copy did not reach the successor (%s)", exc)
-            self._broken, self._sends = True, []
+            self._broken, self._sends, self._sent = True, [], []
 
     def close(self) -> None:
         """End this round's ring: the receiver takes the copies due and stops, the last
@@ -126,7 +130,7 @@ class PeerRing:
             self._finish_sends(_CLOSE_WAIT_S)
         except RuntimeError as exc:  # the successor is gone
             log.info("peer ring: the last copy did not reach the successor (%s)", exc)
-        self._sends = []
+        self._sends, self._sent = [], []
         self._group = None
         self._broken = False
 
@@ -161,13 +165,11 @@ class PeerRing:
     def _finish_sends(self, wait_s: float | None) -> None:
         """Wait for the last posted sends (``wait_s``, else the side group's timeout)."""
         for work in self._sends:
-            if isinstance(work, torch.Tensor):
-                continue
             if wait_s is None:
                 work.wait()
             else:
                 work.wait(datetime.timedelta(seconds=wait_s))
-        self._sends = []
+        self._sends, self._sent = [], []
 
     def _start_receiver(self, group: Any) -> _Receiver:
         if self._receiver is None:
