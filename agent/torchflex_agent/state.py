@@ -56,10 +56,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from torchflex_agent.collectives import all_gather_json
 from torchflex_agent.fence import Verdict
 from torchflex_agent.shard_logic import OWN_PREVIOUS
 from torchflex_agent.state_logic import CopyMeta, Source, choose_source
-from torchflex_agent.state_peer import PeerRing, all_gather_json
+from torchflex_agent.state_peer import PeerRing
 from torchflex_agent.state_shm import CopyStore
 from torchflex_agent.state_unblock import Unblocker, socket_inodes
 from torchflex_contract import env as tfenv
@@ -375,7 +376,7 @@ def _broadcast_bytes(store: CopyStore, source: Source) -> bytes:
 
 
 def _all_gather_pickled(obj: CopyMeta | None) -> list[CopyMeta | None]:
-    """Every rank's copy header, gathered without numpy (``state_peer.all_gather_json``:
+    """Every rank's copy header, gathered without numpy (``collectives.all_gather_json``:
     the agent image has none, and ``dist.all_gather_object`` decodes through it)."""
     rows = all_gather_json(
         None if obj is None else dataclasses.asdict(obj), device=_collective_device()
