@@ -200,6 +200,10 @@ the round stale (MemberLost, recorded as *silent*), and every survivor SIGKILLs 
 workers at once -- they are blocked in a gloo collective with the frozen peer and
 could never reach a checkpoint, so no `--stop-grace` is spent -- then re-forms at the
 expected size and forks new workers. Target: liveness timeout + 0.5 s = 2.0 s.
+torchflex-state (the state API, in place): the same detection, then the survivors'
+agents keep their workers and tell each to shut down its group's TCP links to the
+frozen node (`state_unblock`), so their collective fails at once and they re-form in
+place from their in-memory copies, with no new workers and no checkpoint read.
 torchrun's survivors stay in the collective until gloo's timeout (the example's
 `init_process_group` timeout, 60 s) fails them; the wait here is capped at
 {cap:.0f} s and a run that hits the cap is reported as "> cap"."""
