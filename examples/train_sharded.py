@@ -2,7 +2,9 @@
 
 Where it sits: the sharded sibling of ``examples/train_stateful.py``; run by
 ``torchflex-agent --nnodes N:N ... -- python examples/train_sharded.py`` and
-by ``tests/integration/agent/test_state_peer.py``. Each rank owns one shard
+by ``tests/integration/agent/test_state_peer.py`` (through a SIGKILL and a
+freeze in place, and a SIGKILL with ``--no-in-place``, the restart path:
+new workers restore from the agents' copies). Each rank owns one shard
 of the model's flat parameter vector and of its momentum (ZeRO stage 3's
 storage in miniature): a step all-gathers the shards into the parameters,
 runs forward and backward on its own batch, all-reduces the gradient and
