@@ -14,8 +14,15 @@ Definitions (written into RESULTS.md by the drivers):
 * *recovery* after an event at wall time ``t0`` (SIGKILL, SIGTERM, a new
   node's start) is ``max over the given nodes of (first step line with
   t > t0 and world == W) - t0``: the moment the re-formed group of size W
-  trains on every node that must be in it. All processes run on one machine,
-  so the event's and the steps' wall clocks are the same clock.
+  has completed a step on every node that must be in it. All processes run
+  on one machine, so the event's and the steps' wall clocks are the same clock;
+* a *restored line* is ``examples/train_stateful.py``'s ``restored step=N
+  from=... round=R [in place] t=T`` (``--print-time``): ``T`` is the worker's
+  wall clock once it holds the state again and goes on training;
+* *resumed* after ``t0`` is ``max over the given nodes of (first restored
+  line with t > t0) - t0``: the moment every node is training again, before
+  its first step at the new size completes (the state API's scripts only:
+  the others print no timed line there).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ _STEP = re.compile(
     r"step=(?P<step>\d+) loss=\S+ world=(?P<world>\d+) rank=(?P<rank>\d+) sps=\S+ t=(?P<t>[\d.]+)"
 )
 _RESUMED = re.compile(r"resumed from step=(?P<step>\d+)")
+_RESTORED_AT = re.compile(r"restored step=\d+ from=.* t=(?P<t>[\d.]+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +61,24 @@ def parse_steps(lines: Iterable[str]) -> list[StepLine]:
 def resumed_steps(lines: Iterable[str]) -> list[int]:
     """Every ``resumed from step=N`` the workers printed, in order."""
     return [int(m["step"]) for m in (_RESUMED.search(line) for line in lines) if m is not None]
+
+
+def restored_at(lines: Iterable[str]) -> list[float]:
+    """The wall times of every timed ``restored step=...`` line, in order."""
+    found = (_RESTORED_AT.search(line.rstrip()) for line in lines)
+    return [float(m["t"]) for m in found if m is not None]
+
+
+def resumed_seconds(nodes: Sequence[Iterable[str]], event_t: float) -> float | None:
+    """Seconds from ``event_t`` until every node printed a timed ``restored`` line.
+
+    ``nodes[i]`` is node i's output lines. None if some node printed none after
+    ``event_t`` (it did not resume, or its script prints no such line).
+    """
+    firsts = [min((t for t in restored_at(lines) if t > event_t), default=None) for lines in nodes]
+    if not firsts or any(f is None for f in firsts):
+        return None
+    return max(f for f in firsts if f is not None) - event_t
 
 
 def first_step_at(steps: Sequence[StepLine], after: float, world: int) -> StepLine | None:

@@ -17,7 +17,10 @@ same way. Each repetition:
    never recovers under torchrun; torchflex keeps its store in its own
    process, so for torchflex this choice changes nothing);
 3. recovery = from the kill to the first completed step of the re-formed
-   group (world 2) on *every* survivor (wall clock of the step lines);
+   group (world 2) on *every* survivor (wall clock of the step lines); for
+   ``torchflex-state`` also *resumed* = from the kill to every survivor's
+   ``restored step=...`` line (its wall clock once it holds the state again
+   and trains on: the step at world 2 is then still to come);
 4. scale-up join: start a new node; join = from its launcher's start to the
    first completed step at world 3 on every node. For torchflex each run
    also prints (stderr) and keeps in ``--json``'s runs where that time
@@ -48,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._proc_job import EXAMPLE, STATEFUL, TORCHRUN_CONF, Flavor, ProcJob, signal_tree
-from benchmarks._proc_logs import join_phases, recovery_seconds
+from benchmarks._proc_logs import join_phases, recovery_seconds, resumed_seconds
 from benchmarks.cli import BenchCli
 from benchmarks.report import markdown_table, summarize
 
@@ -79,6 +82,8 @@ class Trial:
     trace: list[str] = dataclasses.field(default_factory=list)
     join_phases: dict[str, float | None] = dataclasses.field(default_factory=dict)
     """Seconds from the new node's start to each milestone of its join (``_proc_logs``)."""
+    resumed_s: float | None = None
+    """Kill to every survivor's timed ``restored`` line (None: the script prints none)."""
 
 
 def _trace(job: ProcJob, t0: float, until: float) -> list[str]:
@@ -106,6 +111,7 @@ def run_trial(
         timeout = _RECOVER_TIMEOUT[flavor.name] if fault == "kill" else freeze_cap
         job.wait_training(survivors, 2, killed_at, 1, timeout)
         trial.recovery_s = recovery_seconds([n.steps() for n in survivors], killed_at, 2)
+        trial.resumed_s = resumed_seconds([n.texts() for n in survivors], killed_at)
         if trace:
             trial.trace = _trace(job, killed_at, killed_at + (trial.recovery_s or timeout))
         if trial.recovery_s is None:
@@ -154,10 +160,12 @@ def summary(trials: list[Trial]) -> dict[str, Any]:
     for flavor in FLAVORS:
         key = flavor.replace("-", "_")
         out[f"{key}_s"] = med(flavor, "recovery_s")
+        out[f"{key}_resumed_s"] = med(flavor, "resumed_s")
         out[f"{key}_join_s"] = med(flavor, "join_s")
         out[f"{key}_runs"] = [
             {
                 "recovery_s": t.recovery_s,
+                "resumed_s": t.resumed_s,
                 "join_s": t.join_s,
                 "problem": t.problem,
                 "join_phases": t.join_phases,
@@ -169,6 +177,12 @@ def summary(trials: list[Trial]) -> dict[str, Any]:
         other = out[f"torchrun_{ref}_s"]
         out[f"speedup_vs_{ref}"] = (other / tf) if tf and other else None
     return out
+
+
+def _resumed(mine: list[Trial]) -> str:
+    """The resumed column: n/a for a launcher whose script prints no timed ``restored``."""
+    vals = [t.resumed_s for t in mine if t.resumed_s is not None]
+    return _fmt(vals) if vals else "n/a"
 
 
 def _runs(trials: list[Trial]) -> Iterator[tuple[str, list[Trial], list[float]]]:
@@ -184,9 +198,10 @@ def markdown_freeze(trials: list[Trial], result: dict[str, Any], cap: float) -> 
     for flavor, mine, rec in _runs(trials):
         capped = len(mine) - len(rec)
         shown = _fmt(rec) if rec else f"> {cap:.0f} s (cap)"
-        rows.append([flavor, shown, f"{capped} / {len(mine)}"])
+        rows.append([flavor, _resumed(mine), shown, f"{capped} / {len(mine)}"])
     table = markdown_table(
-        ["launcher", "recovery after SIGSTOP (freeze → all survivors step)",
+        ["launcher", "freeze → every survivor resumed (its `restored` line)",
+         "freeze → every survivor completed a step at world 2",
          "runs not recovered within the cap"],
         rows,
     )  # fmt: skip
@@ -206,18 +221,19 @@ frozen node (`state_unblock`), so their collective fails at once and they re-for
 place from their in-memory copies, with no new workers and no checkpoint read.
 torchrun's survivors stay in the collective until gloo's timeout (the example's
 `init_process_group` timeout, 60 s) fails them; the wait here is capped at
-{cap:.0f} s and a run that hits the cap is reported as "> cap"."""
+{cap:.0f} s and a run that hits the cap is reported as "> cap". The two recovery
+columns are defined as in the SIGKILL section (from the SIGSTOP instead of the kill)."""
 
 
 def markdown(trials: list[Trial], result: dict[str, Any]) -> str:
     rows = []
     for flavor, mine, rec in _runs(trials):
         joins = [t.join_s for t in mine if t.join_s is not None]
-        rows.append(
-            [flavor, _fmt(rec), _fmt(joins), f"{len(mine) - len(rec)} / {len(mine) - len(joins)}"]
-        )
+        failed = f"{len(mine) - len(rec)} / {len(mine) - len(joins)}"
+        rows.append([flavor, _resumed(mine), _fmt(rec), _fmt(joins), failed])
     table = markdown_table(
-        ["launcher", "recovery after SIGKILL (kill → all survivors step)",
+        ["launcher", "SIGKILL → every survivor resumed (its `restored` line)",
+         "SIGKILL → every survivor completed a step at world 2",
          "scale-up join (new node → all step at N+1)", "runs failed (recovery / join)"],
         rows,
     )  # fmt: skip
@@ -233,8 +249,9 @@ def markdown(trials: list[Trial], result: dict[str, Any]) -> str:
 {("Failures seen:" + chr(10) + notes) if notes else "No failed runs."}
 
 Speed-up of torchflex (median recovery): {ratio("speedup_vs_default")} vs torchrun defaults,
-{ratio("speedup_vs_tuned")} vs tuned torchrun. Targets: torchflex ≤ 2 s, ≥ 20x vs defaults,
-≥ 2.5x vs tuned; join ≤ 3 s; torchflex-state (the state API, in place) ≤ 0.15 s.
+{ratio("speedup_vs_tuned")} vs tuned torchrun (both from the completed-step column).
+Targets: torchflex ≤ 2 s, ≥ 20x vs defaults, ≥ 2.5x vs tuned; join ≤ 3 s;
+torchflex-state (the state API, in place) ≤ 0.15 s from the kill to every survivor resumed.
 
 The job: 3 nodes (`--nnodes 2:3`), one worker each (`examples/train_elastic.py
 --print-time`, gloo on CPU, a step every 100 ms, checkpoint every 10 steps and on
@@ -242,15 +259,19 @@ a peer's loss), all processes on 127.0.0.1. Each run SIGKILLs one node's launche
 *and every process it spawned* (read from /proc first), as a pod dying would. The
 node killed holds neither worker rank 0 nor, under torchrun, its rendezvous store
 (that node is `is_host=1`; killing it never recovers under torchrun, see DESIGN.md),
-so torchrun is measured in its best case. Recovery is measured from the kill to the
-first step line (the worker's own wall clock) of the re-formed group of 2 on every
-survivor; join from the new launcher's start to the first step at world 3 on every
-node (for torchflex this includes the new agent's own start-up: Python, imports,
-rendezvous, its worker). `torchflex-state` runs `examples/train_stateful.py` (the same
-training adopting the state API, docs/state-api.md) under the same `torchflex-agent`: the
-survivors' workers keep their processes, re-create the process group in place and resume
-from their in-memory copies; its recovery includes the rest of the step in flight (a
-survivor notices the loss at its next collective) and the first step at world 2 (0.1 s).
+so torchrun is measured in its best case. Two recovery columns, both taken from the
+workers' own wall clock (`--print-time`) and ending when the *last* survivor gets there:
+*resumed* ends at the survivor's `restored step=N ... t=T` line, printed once it holds
+the training state again and goes on training (only `examples/train_stateful.py`
+prints it: n/a for the other launchers, whose script prints no timed line there);
+*completed a step* ends at its first step line of the re-formed group of 2, so it also
+holds that whole step (0.1 s here) and, when the loss is noticed only at the next
+collective, the rest of the step in flight. Join is from the new launcher's start to
+the first step at world 3 on every node (for torchflex this includes the new agent's
+own start-up: Python, imports, rendezvous, its worker). `torchflex-state` runs
+`examples/train_stateful.py` (the same training adopting the state API,
+docs/state-api.md) under the same `torchflex-agent`: the survivors' workers keep their
+processes, re-create the process group in place and resume from their in-memory copies.
 
 torchrun settings: `--rdzv-backend c10d --max-restarts 100` (its default 0 ends the
 job at the first loss) with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (with the shared
@@ -268,7 +289,10 @@ def trials_from_json(result: dict[str, Any]) -> list[Trial]:
     out = []
     for flavor in FLAVORS:
         for run in result.get(f"{flavor.replace('-', '_')}_runs", []):
-            out.append(Trial(flavor, run["recovery_s"], run["join_s"], run["problem"]))
+            out.append(
+                Trial(flavor, run["recovery_s"], run["join_s"], run["problem"],
+                      resumed_s=run.get("resumed_s"))
+            )  # fmt: skip
     return out
 
 
@@ -295,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
                                   fault=args.fault, freeze_cap=args.freeze_cap)  # fmt: skip
                 trials.append(trial)
                 print(
-                    f"[recovery] {flavor} run {rep + 1}/{reps}: recovery {_num(trial.recovery_s)}"
-                    f" s, join {_num(trial.join_s)} s"
+                    f"[recovery] {flavor} run {rep + 1}/{reps}: resumed {_num(trial.resumed_s)}"
+                    f" s, recovery {_num(trial.recovery_s)} s, join {_num(trial.join_s)} s"
                     f"{'  PROBLEM: ' + trial.problem if trial.problem else ''}",
                     file=sys.stderr,
                     flush=True,

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from e2e.cluster.layout import REPO_ROOT
+from e2e.kubelet.records import read_stat
 from e2e.localproc import stop_process
 from e2e.polling import poll_until
 from torchflex_contract import env as contract_env
@@ -165,8 +166,14 @@ def sigkill_pod_processes(namespace: str, pod: str) -> list[int]:
     return pids
 
 
+def _dead(pid: int) -> bool:
+    """No such process, or a zombie: it has exited (its sockets closed, its memory
+    freed) and only its reaping is left. A killed agent's children are orphans,
+    reaped by PID 1, which here (a VM's init) does that 1.0-2.0 s after their death."""
+    st = read_stat(pid)
+    return st is None or st.state in ("Z", "X")
+
+
 def wait_gone(pids: Sequence[int], timeout_s: float = 10.0) -> bool:
-    """Whether every one of ``pids`` is gone within ``timeout_s`` (polled, bounded)."""
-    return bool(
-        poll_until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids), timeout_s, 0.05)
-    )
+    """Whether every one of ``pids`` has exited within ``timeout_s`` (polled, bounded)."""
+    return bool(poll_until(lambda: all(_dead(p) for p in pids), timeout_s, 0.05))

@@ -18,7 +18,9 @@ Prints one line per step: ``step=N loss=X world=W rank=R sps=S`` (`` t=<unix
 time>`` with ``--print-time``), printed after the step's copy was kept, so a
 printed step is never lost; and on every start ``restored step=N from=local``
 (each rank loaded its node's copy), ``restored step=N from=rank K`` (broadcast),
-``resumed from step=N`` (disk) or nothing (fresh start).
+then `` round=R``, `` in place`` when the same process re-formed and, with
+``--print-time``, `` t=<unix time>`` (the state is back in memory: training
+resumes); ``resumed from step=N`` (disk) or nothing (fresh start).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def parse_args() -> argparse.Namespace:
         "--print-time",
         action="store_true",
         default=os.environ.get("TRAIN_PRINT_TIME", "") == "1",
-        help="append t=<unix time> to every step line",
+        help="append t=<unix time> to every step and restored line",
     )
     return p.parse_args()
 
@@ -67,18 +69,21 @@ def parse_args() -> argparse.Namespace:
 PG_TIMEOUT = datetime.timedelta(seconds=60)
 
 
-def announce(got: Restored, how: str = "") -> int:
+def announce(got: Restored, how: str = "", *, print_time: bool = False) -> int:
+    """Say where the state came from; with ``--print-time`` also when (the worker's wall
+    clock once it holds the state again: the recovery benchmark's "resumed" figure)."""
     where = f"rank {got.source}" if got.broadcast else "local"
-    print(f"restored step={got.step} from={where} round={got.meta.round}{how}", flush=True)
+    stamp = f" t={time.time():.3f}" if print_time else ""
+    print(f"restored step={got.step} from={where} round={got.meta.round}{how}{stamp}", flush=True)
     return got.step
 
 
-def resume(state: TrainState, ckpt: Checkpointer | None) -> int:
+def resume(state: TrainState, ckpt: Checkpointer | None, *, print_time: bool = False) -> int:
     """The step to continue after: memory first (every rank agrees), disk only if nobody
     holds a copy, else 0."""
     got = state.restore()
     if got is not None:
-        return announce(got)
+        return announce(got, print_time=print_time)
     saved = ckpt.load() if ckpt is not None else None
     if saved is None:
         return 0
@@ -88,13 +93,13 @@ def resume(state: TrainState, ckpt: Checkpointer | None) -> int:
     return int(saved["step"])
 
 
-def rejoin(state: TrainState) -> int:
+def rejoin(state: TrainState, *, print_time: bool = False) -> int:
     """Re-form in place: a new process group for the agent's next round, then the
     group's newest copy (every survivor holds it; a newcomer gets it by broadcast)."""
     got = state.reform(wait=60.0, timeout=PG_TIMEOUT)
     if got is None:
         raise RuntimeError("re-formed in place, but no member holds a copy")
-    return announce(got, " in place")
+    return announce(got, " in place", print_time=print_time)
 
 
 def train_step(
@@ -148,7 +153,7 @@ def main() -> int:
     # The state API: what a step changes, kept after every step.
     state = TrainState(model=model, opt=opt, in_place=args.in_place)
     ckpt = Checkpointer(args.ckpt_dir) if args.ckpt_dir else None
-    done = resume(state, ckpt)
+    done = resume(state, ckpt, print_time=args.print_time)
     ddp = DistributedDataParallel(model)
     while done < args.steps:
         started = time.monotonic()
@@ -185,7 +190,7 @@ def main() -> int:
             break
         if regroup:  # a peer is gone or a round formed: same process, a new group
             del ddp  # it holds the old group, whose connections close only once it is freed
-            done = rejoin(state)
+            done = rejoin(state, print_time=args.print_time)
             rank, world = dist.get_rank(), dist.get_world_size()
             ddp = DistributedDataParallel(model)
     dist.destroy_process_group()

@@ -15,6 +15,8 @@ from benchmarks._proc_logs import (
     pick_victim,
     ranks_of,
     recovery_seconds,
+    restored_at,
+    resumed_seconds,
     resumed_steps,
     steps_lost,
 )
@@ -38,6 +40,40 @@ def test_parse_steps_and_resumed() -> None:
     ]
     assert [s.step for s in parse_steps(lines)] == [41, 42]
     assert resumed_steps(lines) == [40]
+
+
+def test_restored_at_reads_only_timed_restored_lines() -> None:
+    lines = [
+        "[rank 1] restored step=30 from=local round=2 in place t=1700000000.250",
+        "[rank 1] restored step=31 from=rank 0 round=3 t=1700000001.5",
+        "[rank 1] restored step=32 from=local round=4",  # no --print-time: no time
+        "[rank 1] resumed from step=30",  # the disk path: not a restored line
+        "[rank 1] step=33 loss=1.0 world=2 rank=1 sps=9.9 t=1700000002.0",
+        "[rank 1] restored step=5 from=local slot=copy shard=1 mark=1000005 sum=3.0",
+    ]
+    assert restored_at(lines) == [1700000000.25, 1700000001.5]
+
+
+def test_resumed_is_the_last_survivor_to_print_restored() -> None:
+    a = [
+        "[rank 0] restored step=0 from=local round=0 t=90.0",  # before the kill
+        "[rank 0] step=30 loss=1.0 world=3 rank=0 sps=10.0 t=100.4",
+        "[rank 0] restored step=30 from=local round=1 in place t=100.58",
+        "[rank 0] step=31 loss=1.0 world=2 rank=0 sps=10.0 t=100.70",
+        "[rank 0] restored step=40 from=local round=2 in place t=105.0",  # a later round
+    ]
+    b = ["[rank 1] restored step=30 from=local round=1 in place t=100.62"]
+    assert resumed_seconds([a, b], 100.5) == pytest.approx(0.12)
+    assert resumed_seconds([a], 100.5) == pytest.approx(0.08)
+
+
+def test_resumed_none_when_a_survivor_prints_no_timed_restored() -> None:
+    a = ["[rank 0] restored step=30 from=local round=1 in place t=100.58"]
+    untimed = ["[rank 1] resumed from step=30", "[rank 1] restored step=30 from=local round=1"]
+    assert resumed_seconds([a, untimed], 100.5) is None
+    assert resumed_seconds([a, []], 100.5) is None
+    assert resumed_seconds([], 100.5) is None
+    assert resumed_seconds([a], 101.0) is None  # only one before the event
 
 
 def _steps(*items: tuple[int, int, float]) -> list[StepLine]:

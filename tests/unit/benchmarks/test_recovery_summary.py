@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.recovery import Trial, markdown, summary, trials_from_json
+from benchmarks.recovery import Trial, markdown, markdown_freeze, summary, trials_from_json
 
 
 def _trials() -> list[Trial]:
@@ -47,16 +47,41 @@ def test_trials_round_trip_through_json() -> None:
 
 def test_markdown_counts_failures_per_phase() -> None:
     text = markdown(_trials(), summary(_trials()))
-    assert "| torchrun-tuned | 7.00 s (6.00-8.00, n=2) | n/a | 0 / 2 |" in text
-    assert "| torchflex | 0.40 s (0.30-0.50, n=3) | 2.75 s (2.50-3.00, n=2) | 0 / 1 |" in text
+    assert "| torchrun-tuned | n/a | 7.00 s (6.00-8.00, n=2) | n/a | 0 / 2 |" in text
+    assert "| torchflex | n/a | 0.40 s (0.30-0.50, n=3) | 2.75 s (2.50-3.00, n=2) | 0 / 1 |" in text
     assert "join timed out" in text
 
 
 def test_state_api_launcher_has_its_own_row_and_median() -> None:
-    trials = [*_trials(), Trial("torchflex-state", 0.2, 2.0), Trial("torchflex-state", 0.3, None)]
+    trials = [
+        *_trials(),
+        Trial("torchflex-state", 0.2, 2.0, resumed_s=0.08),
+        Trial("torchflex-state", 0.3, None, resumed_s=0.12),
+    ]
     result = summary(trials)
     assert result["torchflex_state_s"] == pytest.approx(0.25)
+    assert result["torchflex_state_resumed_s"] == pytest.approx(0.10)
     assert result["torchflex_state_join_s"] == pytest.approx(2.0)
     assert result["torchflex_s"] == pytest.approx(0.4)  # the unchanged script's row is its own
+    assert result["torchflex_resumed_s"] is None  # its script prints no timed restored line
     text = markdown(trials, result)
-    assert "| torchflex-state | 0.25 s (0.20-0.30, n=2) | 2.00 s (2.00-2.00, n=1) | 0 / 1 |" in text
+    assert (
+        "| torchflex-state | 0.10 s (0.08-0.12, n=2) | 0.25 s (0.20-0.30, n=2) "
+        "| 2.00 s (2.00-2.00, n=1) | 0 / 1 |"
+    ) in text
+    # The header says what each recovery column measures.
+    assert "SIGKILL → every survivor resumed (its `restored` line)" in text
+    assert "SIGKILL → every survivor completed a step at world 2" in text
+    again = trials_from_json(json.loads(json.dumps(result)))
+    assert [t.resumed_s for t in again if t.flavor == "torchflex-state"] == [0.08, 0.12]
+
+
+def test_freeze_table_has_both_recovery_columns_and_the_cap() -> None:
+    trials = [
+        Trial("torchflex-state", 1.7, None, resumed_s=1.6),
+        Trial("torchrun-tuned", None, None, "survivors did not train at world 2 within 90 s"),
+    ]
+    text = markdown_freeze(trials, summary(trials), 90.0)
+    assert "freeze → every survivor resumed (its `restored` line)" in text
+    assert "| torchflex-state | 1.60 s (1.60-1.60, n=1) | 1.70 s (1.70-1.70, n=1) | 0 / 1 |" in text
+    assert "| torchrun-tuned | n/a | > 90 s (cap) | 1 / 1 |" in text
