@@ -245,6 +245,10 @@ def first_failure(failures: Sequence[WorkerFailure]) -> WorkerFailure:
     return next((f for f in failures if f.cause is earliest), failures[0])
 
 
+def _prefix(rank: str) -> bytes:
+    return f"[rank {rank}] ".encode()
+
+
 class _Prefixer:
     """Copies a worker's output to ours line by line, prefixed with its rank."""
 
@@ -253,21 +257,21 @@ class _Prefixer:
     def __init__(self, stream: IO[bytes], out: IO[bytes], prefix: bytes, tail: int = 0) -> None:
         self.tail: collections.deque[bytes] = collections.deque(maxlen=tail)
         """The last ``tail`` lines (a traceback to read if the worker fails)."""
+        self.prefix = prefix
+        """Replaced when the worker is kept for a round that gives it another rank."""
         self._thread = threading.Thread(
-            target=self._run, args=(stream, out, prefix, self.tail), daemon=True, name="log"
+            target=self._run, args=(stream, out), daemon=True, name="log"
         )
         self._thread.start()
 
-    @classmethod
-    def _run(
-        cls, stream: IO[bytes], out: IO[bytes], prefix: bytes, tail: collections.deque[bytes]
-    ) -> None:
+    def _run(self, stream: IO[bytes], out: IO[bytes]) -> None:
         with stream:
             for line in iter(stream.readline, b""):
-                if tail.maxlen:
-                    tail.append(line)
-                with cls._lock:
-                    out.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+                if self.tail.maxlen:
+                    self.tail.append(line)
+                with self._lock:
+                    end = b"" if line.endswith(b"\n") else b"\n"
+                    out.write(self.prefix + line + end)
                     out.flush()
 
     def tail_lines(self, drain: float) -> list[str]:
@@ -342,7 +346,7 @@ class WorkerGroup:
                     raise launch_error(self._cmd, exc) from exc
                 assert popen.stdout is not None and popen.stderr is not None
                 proc, stdout, stderr = popen, popen.stdout, popen.stderr
-            prefix = f"[rank {env['RANK']}] ".encode()
+            prefix = _prefix(env["RANK"])
             err = _Prefixer(stderr, sys.stderr.buffer, prefix, _STDERR_TAIL_LINES)
             self._prefixers.append(_Prefixer(stdout, sys.stdout.buffer, prefix))
             self._prefixers.append(err)
@@ -357,6 +361,11 @@ class WorkerGroup:
         self._result, self._ctx, self._base_env = result, ctx, base_env
         self._failed.clear()
         envs = [worker_env(self._base_env, result, ctx, i) for i in range(len(self._procs))]
+        # The worker's lines from now on are read under its new rank (a line it wrote
+        # just before it re-forms may still carry the new one: the agent cannot see
+        # the moment the script takes the round).
+        for i, prefixer in enumerate(self._prefixers):
+            prefixer.prefix = _prefix(envs[i // 2]["RANK"])
         for env in envs:  # where this round's error files go (start does the same)
             Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
         return envs
