@@ -84,6 +84,8 @@ class Trial:
     """Seconds from the new node's start to each milestone of its join (``_proc_logs``)."""
     resumed_s: float | None = None
     """Kill to every survivor's timed ``restored`` line (None: the script prints none)."""
+    join_tried: bool = True
+    """Whether a new node was started (not with ``--no-join``, a freeze, or no recovery)."""
 
 
 def _trace(job: ProcJob, t0: float, until: float) -> list[str]:
@@ -99,7 +101,7 @@ def run_trial(
     flavor: Flavor, workdir: Path, join: bool, trace: bool, *, fault: str = "kill",
     freeze_cap: float = _FREEZE_CAP_S,
 ) -> Trial:  # fmt: skip
-    trial = Trial(flavor.name)
+    trial = Trial(flavor.name, join_tried=False)
     job = ProcJob(flavor, workdir, script=_SCRIPTS.get(flavor.name, EXAMPLE))
     try:
         if not job.start_training(3, _WARM_STEPS, _START_TIMEOUT):
@@ -123,6 +125,7 @@ def run_trial(
             trial.problem = "survivors stopped training before the join"
             return trial
         joined_at = time.time()
+        trial.join_tried = True
         newcomer = job.start_node()
         group = [*survivors, newcomer]
         timeout = _JOIN_TIMEOUT[flavor.name]
@@ -167,6 +170,7 @@ def summary(trials: list[Trial]) -> dict[str, Any]:
                 "recovery_s": t.recovery_s,
                 "resumed_s": t.resumed_s,
                 "join_s": t.join_s,
+                "join_tried": t.join_tried,
                 "problem": t.problem,
                 "join_phases": t.join_phases,
             }
@@ -229,7 +233,8 @@ def markdown(trials: list[Trial], result: dict[str, Any]) -> str:
     rows = []
     for flavor, mine, rec in _runs(trials):
         joins = [t.join_s for t in mine if t.join_s is not None]
-        failed = f"{len(mine) - len(rec)} / {len(mine) - len(joins)}"
+        tried = sum(t.join_tried for t in mine)
+        failed = f"{len(mine) - len(rec)} / {tried - len(joins) if tried else 'not run'}"
         rows.append([flavor, _resumed(mine), _fmt(rec), _fmt(joins), failed])
     table = markdown_table(
         ["launcher", "SIGKILL → every survivor resumed (its `restored` line)",
@@ -291,7 +296,7 @@ def trials_from_json(result: dict[str, Any]) -> list[Trial]:
         for run in result.get(f"{flavor.replace('-', '_')}_runs", []):
             out.append(
                 Trial(flavor, run["recovery_s"], run["join_s"], run["problem"],
-                      resumed_s=run.get("resumed_s"))
+                      resumed_s=run.get("resumed_s"), join_tried=run.get("join_tried", True))
             )  # fmt: skip
     return out
 

@@ -52,6 +52,17 @@ def test_markdown_counts_failures_per_phase() -> None:
     assert "join timed out" in text
 
 
+def test_markdown_counts_only_the_joins_it_tried() -> None:
+    trials = [
+        Trial("torchflex", 0.3, None, join_tried=False),  # --no-join
+        Trial("torchflex", None, None, "no recovery", join_tried=False),
+    ]
+    text = markdown(trials, summary(trials))
+    assert "| torchflex | n/a | 0.30 s (0.30-0.30, n=1) | n/a | 1 / not run |" in text
+    again = trials_from_json(json.loads(json.dumps(summary(trials))))
+    assert [t.join_tried for t in again] == [False, False]
+
+
 def test_state_api_launcher_has_its_own_row_and_median() -> None:
     trials = [
         *_trials(),
