@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from e2e.localproc import stop_process
-from tests.integration.agent.tfagent_helpers import PYTHON, child_env
+from tests.integration.agent.tfagent_helpers import stand_in_agent
 
 # A stand-in agent: launches one worker (`sleep 60`) through WorkerGroup,
 # prints its pid, then waits to be killed.
@@ -41,12 +41,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.timeout(60)
 def test_worker_dies_when_agent_is_sigkilled(tmp_path: Path) -> None:
-    agent = subprocess.Popen(
-        [PYTHON, "-c", FAKE_AGENT, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
+    agent = stand_in_agent(FAKE_AGENT, tmp_path)
     worker = 0
     try:
         assert agent.stdout is not None

@@ -10,14 +10,13 @@ pipes; the stand-in agent is the only thing not the product.
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from e2e.localproc import stop_process
-from tests.integration.agent.tfagent_helpers import PYTHON, child_env
+from tests.integration.agent.tfagent_helpers import stand_in_agent
 
 # The stand-in agent: one node of two, node rank 1 (worker rank 1); once the
 # worker said "before", it is kept for a round that makes this node rank 0.
@@ -46,12 +45,7 @@ FAKE_AGENT = textwrap.dedent(
 
 @pytest.mark.timeout(60)
 def test_a_kept_workers_lines_carry_its_new_rank(tmp_path: Path) -> None:
-    agent = subprocess.Popen(
-        [PYTHON, "-c", FAKE_AGENT, str(tmp_path)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
+    agent = stand_in_agent(FAKE_AGENT, tmp_path)
     try:
         out, _ = agent.communicate(timeout=30)
     finally:

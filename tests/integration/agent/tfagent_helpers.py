@@ -45,6 +45,13 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def stand_in_agent(script: str, folder: Path) -> subprocess.Popen[str]:
+    """``python -c script folder``: a stand-in agent driving a real ``WorkerGroup``;
+    its stdout (the workers' prefixed lines) read as text."""
+    cmd = [PYTHON, "-c", script, str(folder)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=child_env())
+
+
 def spawn(cmd: list[str], name: str, env: dict[str, str] | None = None) -> LineLog:
     """``cmd`` with its merged output read line by line; ``env`` on top of :func:`child_env`."""
     proc = subprocess.Popen(
