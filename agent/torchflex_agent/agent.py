@@ -49,7 +49,7 @@ from torchflex_agent.fence import Lease, lease_duration
 from torchflex_agent.health import ReportBoard, write_termination_log
 from torchflex_agent.kvstore import KVStore
 from torchflex_agent.liveness import LivenessSettings, PresenceServer, RoundMonitor
-from torchflex_agent.prewarm import ForkServer, python_launch
+from torchflex_agent.prewarm import ForkServer
 from torchflex_agent.progress import read_progress
 from torchflex_agent.rdzv_logic import (
     SILENT,
@@ -76,8 +76,7 @@ from torchflex_agent.workers import (
     WorkerGroup,
     command_problem,
     progress_file,
-    set_pdeathsig,
-    worker_base_env,
+    start_fork_server,
 )
 from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import ExitCode
@@ -110,7 +109,10 @@ class ElasticAgent:
         nproc: int,
         environ: Mapping[str, str],
         node_id: str | None = None,
+        *,
+        fork: ForkServer | None = None,
     ) -> None:
+        """``fork``: the fork server ``cli`` started before importing this module (kept)."""
         self.config = config
         self._connect = connect
         self._nproc = nproc
@@ -133,7 +135,7 @@ class ElasticAgent:
             lease_duration(config.heartbeat_interval, config.liveness_timeout),
         )
         self._presence: PresenceServer | None = None
-        self._fork: ForkServer | None = None
+        self._fork = fork
         self._state_dir: Path | None = None
         """The state API's in-memory copies (``state_shm``): the agent's for its whole life."""
         self._kept: WorkerGroup | None = None
@@ -225,13 +227,7 @@ class ElasticAgent:
             log.warning("worker fork server died; starting a new one")
             self._fork.close()
             self._fork = None
-        launch = python_launch(self.config.command)
-        if launch is None:
-            return
-        try:
-            self._fork = ForkServer(launch, worker_base_env(self._environ), set_pdeathsig)
-        except OSError as exc:
-            log.warning("no worker fork server (workers spawn cold): %s", exc)
+        self._fork = start_fork_server(self.config.command, self._environ)
 
     def _await_warm_workers(self) -> None:
         """Before joining, let the fork server finish importing (bounded).

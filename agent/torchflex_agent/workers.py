@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import logging
 import os
 import shlex
 import shutil
@@ -54,6 +55,8 @@ from torchflex_agent.rdzv_logic import RendezvousResult
 from torchflex_agent.restart_policy import GroupState
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import RootCause
+
+log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _ROLE_NAME = "default"
@@ -119,6 +122,24 @@ def worker_base_env(base: Mapping[str, str]) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = base.get("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+def start_fork_server(command: Sequence[str], environ: Mapping[str, str]) -> ForkServer | None:
+    """The fork server for ``command`` (None: not a Python command, or it could not start).
+
+    From the main thread (parent-death signal). The agent calls it first
+    thing, before its own imports and its GPU count (which imports torch when
+    no GPU limit is given): the zygote's imports are the longest part of a
+    new node's start, so every earlier step it waits for delays a join.
+    """
+    launch = python_launch(command)
+    if launch is None:
+        return None
+    try:
+        return ForkServer(launch, worker_base_env(environ), set_pdeathsig)
+    except OSError as exc:
+        log.warning("no worker fork server (workers spawn cold): %s", exc)
+        return None
 
 
 # What an exec of the training command fails with when the command itself is
