@@ -90,7 +90,8 @@ class PodWatch:
     """A namespace's pods as the API server shows them (list + watch in a thread).
 
     Keeps each pod's latest state and when each incarnation (name, uid) was
-    first seen Running, so the benchmark's waits never poll the API server.
+    first seen at all, bound to a node and Running, so the benchmark's waits
+    never poll the API server.
     """
 
     def __init__(self, cluster: Cluster, namespace: str, limit_s: float) -> None:
@@ -100,6 +101,8 @@ class PodWatch:
         self._lock = threading.Lock()
         self._pods: dict[str, PodState] = {}
         self._running: dict[tuple[str, str], float] = {}
+        self._created: dict[tuple[str, str], float] = {}
+        self._bound: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="pod-watch")
 
@@ -115,6 +118,16 @@ class PodWatch:
         """Wall time the incarnation was first seen Running (None: not yet)."""
         with self._lock:
             return self._running.get((pod, uid))
+
+    def marks(self, pod: str, uid: str) -> dict[str, float | None]:
+        """When the incarnation was first seen (``created``), with a node (``bound``), Running."""
+        key = (pod, uid)
+        with self._lock:
+            return {
+                "created": self._created.get(key),
+                "bound": self._bound.get(key),
+                "running": self._running.get(key),
+            }
 
     def pods(self, prefix: str) -> dict[str, PodState]:
         with self._lock:
@@ -156,6 +169,9 @@ class PodWatch:
                 self._pods.pop(name, None)
                 return
             self._pods[name] = PodState(uid, phase, pod.metadata.deletion_timestamp is not None)
+            self._created.setdefault((name, uid), now)
+            if pod.spec is not None and pod.spec.node_name:
+                self._bound.setdefault((name, uid), now)
             if phase == "Running":
                 self._running.setdefault((name, uid), now)
 
@@ -194,6 +210,11 @@ class LogTail:
 
     def tail(self, pod: str, uid: str, n: int = 15) -> list[str]:
         return self._texts.get((pod, uid), [])[-n:]
+
+    def lines(self, pod: str, uid: str) -> list[str]:
+        """Every line of the incarnation's container log read so far."""
+        self.poll()
+        return list(self._texts.get((pod, uid), []))
 
 
 class ClusterJob:

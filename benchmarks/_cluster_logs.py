@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from benchmarks._proc_logs import StepLine, parse_step
@@ -129,6 +130,53 @@ def current_rank(events: Sequence[Event], world: int) -> int | None:
     """The worker rank of the pod's latest step at ``world`` (None: none yet)."""
     mine = [s for s in steps_of(events) if s.world == world]
     return mine[-1].rank if mine else None
+
+
+# The agent's log stamp (``logging``'s asctime: this machine's local time, ms).
+_AGENT_STAMP = re.compile(r"\[torchflex-agent\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+# The new pod's agent's milestones of a scale-up join, in order (its first
+# such line after the request counts).
+JOIN_AGENT_MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("zygote_ready", re.compile(r"worker fork server ready")),
+    ("joining", re.compile(r"joining the rendezvous")),
+    ("round_formed", re.compile(r"rendezvous took")),
+    ("workers_started", re.compile(r"(started|kept) workers")),
+)
+
+
+def agent_stamp(line: str) -> float | None:
+    """Wall time of a ``[torchflex-agent]`` log line (None: not one)."""
+    m = _AGENT_STAMP.search(line)
+    if m is None:
+        return None
+    return time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) + int(m[2]) / 1000
+
+
+def join_phases(
+    pod_marks: Mapping[str, float | None], new_pod_lines: Iterable[str], t0: float
+) -> dict[str, float | None]:
+    """Seconds from the scale request ``t0`` to each milestone of a cluster-level join.
+
+    ``pod_marks``: the new pod's ``created``, ``bound`` and ``running``
+    times as the API watch saw them (None: not seen); then its agent's own
+    milestones (``JOIN_AGENT_MILESTONES``) from its log stamps, and
+    ``zygote_spawned`` (ready minus its ``preloaded in`` time). None: not
+    logged after ``t0``. Stamps are milliseconds; the watch's times lag the
+    API server by its delivery.
+    """
+    out: dict[str, float | None] = {}
+    for mark in ("created", "bound", "running"):
+        at = pod_marks.get(mark)
+        out[mark] = None if at is None else at - t0
+    out["zygote_spawned"] = None
+    stamped = [(t, line) for line in new_pod_lines if (t := agent_stamp(line)) is not None]
+    for name, pattern in JOIN_AGENT_MILESTONES:
+        hit = next(((t, ln) for t, ln in stamped if t >= t0 and pattern.search(ln)), None)
+        out[name] = None if hit is None else hit[0] - t0
+        if name == "zygote_ready" and hit is not None:
+            pre = re.search(r"preloaded in (\d+(?:\.\d+)?)s", hit[1])
+            out["zygote_spawned"] = None if pre is None else hit[0] - float(pre[1]) - t0
+    return out
 
 
 def speedup(reference: float | None, ours: float | None) -> float | None:

@@ -35,6 +35,8 @@ class Trial:
     new_pod_running_s: float | None = None
     fresh_job: bool = False
     problems: list[str] = dataclasses.field(default_factory=list)
+    join_phases: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    """Seconds from the scale request to each milestone of the join (``_cluster_logs``)."""
 
     def line(self) -> str:
         def num(v: float | None) -> str:

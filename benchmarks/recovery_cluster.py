@@ -13,7 +13,11 @@ rendezvous), in one run. Each repetition is one job:
 1. apply it at ``replicas: 2``; wait until both pods train at world size 2;
 2. scale-up join: ``kubectl scale ej/NAME --replicas=3``; join = from the
    request (and from the new pod first seen Running) to the first step at
-   world size 3 on every pod. If the join never completes, the job is
+   world size 3 on every pod. Each run also prints its ``join phases``
+   (seconds from the request: the new pod created, bound and Running as the
+   watch saw them, then its agent's fork server spawned and ready, joining,
+   round formed, workers started, from the agent's log stamps;
+   ``_cluster_logs.join_phases``). If the join never completes, the job is
    replaced by a fresh one at ``replicas: 3`` so the kill still runs;
 3. kill: SIGKILL one pod's agent and workers (``--kill sigkill``, a machine
    dying: the kubelet reports the pod Failed) or force-delete the pod
@@ -46,6 +50,7 @@ from benchmarks._cluster_logs import (
     current_rank,
     first_new_group_step,
     group_formed_at,
+    join_phases,
     training_at,
 )
 from benchmarks._cluster_report import FLAVORS, Trial, markdown, summary
@@ -112,6 +117,8 @@ def _join(ctx: Context, cj: ClusterJob, trial: Trial) -> bool:
     running = ctx.watch.running_since(*new[0]) if new else None
     if running is not None:
         trial.new_pod_running_s = running - t_scale
+    if new:
+        trial.join_phases = join_phases(ctx.watch.marks(*new[0]), cj.logs.lines(*new[0]), t_scale)
     if done is None:
         trial.problems.append(f"join: no step at world size 3 on all 3 pods within {timeout:.0f} s")
         if ctx.trace:
@@ -168,6 +175,12 @@ def _kill(ctx: Context, cj: ClusterJob, trial: Trial) -> None:
             _trace(cj, cj.pods())
         return
     trial.regrow_s = back - t_kill
+
+
+def _phases(trial: Trial) -> str:
+    return ", ".join(
+        f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in trial.join_phases.items()
+    )
 
 
 def _trace(cj: ClusterJob, pods: dict[str, str]) -> None:
@@ -235,6 +248,8 @@ def run(flavors: list[str], reps: dict[str, int], kill: str, trace: bool) -> lis
                     trial = run_trial(ctx, flavor, rep)
                     trials.append(trial)
                     say(f"{flavor} run {rep + 1}/{reps[flavor]}: {trial.line()}")
+                    if any(v is not None for v in trial.join_phases.values()):
+                        say(f"   join phases (s from the scale request): {_phases(trial)}")
     finally:
         op.stop()
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from benchmarks._cluster_job import bench_job
 from benchmarks._cluster_logs import (
     Resumed,
+    agent_stamp,
     all_at_world,
     current_rank,
     first_new_group_step,
     group_formed_at,
+    join_phases,
     parse_events,
     speedup,
     training_at,
@@ -86,6 +89,50 @@ def test_join_and_warm_up_helpers() -> None:
     assert not training_at({}, 3, 0.0, 1)
     assert current_rank(b, 3) == 1
     assert current_rank(c, 2) is None
+
+
+def _agent_line(t: float, text: str) -> str:
+    """An agent log line stamped ``t`` (whole ms), as ``logging``'s asctime writes it."""
+    ms = round(t * 1000)
+    clock = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms // 1000))
+    return f"[torchflex-agent] {clock},{ms % 1000:03d} INFO {text}"
+
+
+def test_agent_stamp_reads_the_log_time_to_the_millisecond() -> None:
+    t = 1_790_000_000.25
+    assert agent_stamp(_agent_line(t, "joining the rendezvous (round >= 2)")) == t
+    assert agent_stamp("[rank 0] resumed from step=5") is None
+    assert agent_stamp(_step(5, 3, 0, t)) is None
+
+
+def test_join_phases_from_the_watch_and_the_new_pods_agent() -> None:
+    t0 = 1_790_000_000.0
+    lines = [
+        _agent_line(t0 - 5.0, "joining the rendezvous (round >= 0)"),  # an earlier run's
+        _agent_line(t0 + 1.8, "worker fork server ready (preloaded in 1.55s)"),
+        _agent_line(t0 + 1.801, "joining the rendezvous (round >= 0)"),
+        _agent_line(
+            t0 + 2.0,
+            "round 3: node rank 2 of 3, world size 3, master 10.0.0.2:4 "
+            "(rendezvous took 199.0 ms, restarts 0)",
+        ),
+        "[rank 2] resumed from step=35",
+        _agent_line(t0 + 2.03, "round 3: started workers (1 forked warm), pids [42]"),
+    ]
+    marks = {"created": t0 + 0.06, "bound": t0 + 0.07, "running": None}
+    got = join_phases(marks, lines, t0)
+    assert {k: v if v is None else round(v, 6) for k, v in got.items()} == {
+        "created": 0.06,
+        "bound": 0.07,
+        "running": None,
+        "zygote_spawned": 0.25,
+        "zygote_ready": 1.8,
+        "joining": 1.801,
+        "round_formed": 2.0,
+        "workers_started": 2.03,
+    }
+    none = join_phases({}, ["plain output"], t0)
+    assert set(none.values()) == {None}
 
 
 def test_speedup() -> None:
