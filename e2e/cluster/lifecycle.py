@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import ssl
 import time
 import urllib.request
@@ -30,7 +31,15 @@ from e2e.cluster.controlplane import (
     wait_http,
 )
 from e2e.cluster.handle import Cluster
-from e2e.cluster.layout import REPO_ROOT, Layout, state_dir, toolchain_bin_dir
+from e2e.cluster.layout import (
+    PROCESS_NODE_IP_PREFIX,
+    REPO_ROOT,
+    SLOT,
+    Layout,
+    state_dir,
+    toolchain_bin_dir,
+)
+from e2e.kubelet.logserver import KUBELET_PORT
 
 DAEMONS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubelet"]
 DEFAULT_NODES = ["tf-node-0"]
@@ -67,6 +76,34 @@ def _running(lay: Layout) -> Cluster | None:
     return cluster if cluster.ready() else None
 
 
+def listening(ip: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections on ``ip:port`` (a loopback address)."""
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:  # refused: nobody listens; timeout: nothing we could reach
+        return False
+
+
+def refuse_a_taken_slot(root: Path, ip: str, port: int) -> None:
+    """Before starting a cluster: no other cluster may run in this slot.
+
+    A slot's clusters share the node IPs, the bridge and the pod subnet, so a
+    second one (another checkout's state directory: a clone's CI beside a
+    benchmark's cluster left up) would start half-working: its kubelet's log
+    endpoint cannot bind and the API server reaches the other cluster's,
+    whose certificate it rejects. The first process node's log endpoint
+    answering (this layout's own daemons are already stopped) says the slot
+    is taken.
+    """
+    if listening(ip, port):
+        raise ClusterStartError(
+            f"cluster slot {SLOT} is taken: a process kubelet already answers on {ip}:{port},"
+            f" not one of the cluster at {root}. Stop that cluster (`make cluster-down` in its"
+            " checkout) or pick another slot (TORCHFLEX_CLUSTER_SLOT=0-7)."
+        )
+
+
 def _link_tools(lay: Layout, bin_dir: Path) -> None:
     venv_bin = REPO_ROOT / ".venv" / "bin"
     tools = {
@@ -96,6 +133,7 @@ def ensure_up(root: Path | None = None, nodes: list[str] | None = None) -> Clust
     if existing is not None:
         return existing
     tear_down(lay.root, remove_state=False)
+    refuse_a_taken_slot(lay.root, f"{PROCESS_NODE_IP_PREFIX}.1", KUBELET_PORT)
     lay.ensure()
     bin_dir = toolchain_bin_dir()
     nodes = nodes or DEFAULT_NODES
