@@ -321,7 +321,7 @@ class WorkerGroup:
         self._base_env = base_env
         self._forkserver = forkserver
         self._procs: list[_Proc] = []
-        self._prefixers: list[_Prefixer] = []
+        self._stdout: list[_Prefixer] = []
         self._stderr: list[_Prefixer] = []
         """Per local rank: its stderr copier, which keeps the tail."""
         self._failed: dict[int, WorkerFailure] = {}
@@ -369,8 +369,7 @@ class WorkerGroup:
                 proc, stdout, stderr = popen, popen.stdout, popen.stderr
             prefix = _prefix(env["RANK"])
             err = _Prefixer(stderr, sys.stderr.buffer, prefix, _STDERR_TAIL_LINES)
-            self._prefixers.append(_Prefixer(stdout, sys.stdout.buffer, prefix))
-            self._prefixers.append(err)
+            self._stdout.append(_Prefixer(stdout, sys.stdout.buffer, prefix))
             self._stderr.append(err)
             self._procs.append(proc)
 
@@ -385,8 +384,8 @@ class WorkerGroup:
         # The worker's lines from now on are read under its new rank (a line it wrote
         # just before it re-forms may still carry the new one: the agent cannot see
         # the moment the script takes the round).
-        for i, prefixer in enumerate(self._prefixers):
-            prefixer.prefix = _prefix(envs[i // 2]["RANK"])
+        for env, out, err in zip(envs, self._stdout, self._stderr, strict=True):
+            out.prefix = err.prefix = _prefix(env["RANK"])
         for env in envs:  # where this round's error files go (start does the same)
             Path(env["TORCHELASTIC_ERROR_FILE"]).parent.mkdir(parents=True, exist_ok=True)
         return envs
@@ -461,5 +460,5 @@ class WorkerGroup:
         if not self.wait(grace):
             self.signal(signal.SIGKILL)
             self.wait(5.0)
-        for p in self._prefixers:
+        for p in [*self._stdout, *self._stderr]:
             p.join(1.0)
