@@ -30,7 +30,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 
-from benchmarks._proc_logs import StepLine, parse_step
+from benchmarks._proc_logs import JOIN_MILESTONES, StepLine, parse_step
 
 _RESUMED = re.compile(r"resumed from step=(\d+)")
 
@@ -135,12 +135,12 @@ def current_rank(events: Sequence[Event], world: int) -> int | None:
 # The agent's log stamp (``logging``'s asctime: this machine's local time, ms).
 _AGENT_STAMP = re.compile(r"\[torchflex-agent\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 # The new pod's agent's milestones of a scale-up join, in order (its first
-# such line after the request counts).
-JOIN_AGENT_MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("zygote_ready", re.compile(r"worker fork server ready")),
-    ("joining", re.compile(r"joining the rendezvous")),
-    ("round_formed", re.compile(r"rendezvous took")),
-    ("workers_started", re.compile(r"(started|kept) workers")),
+# such line after the request counts): the process-level benchmark's, as
+# the new node's own agent logs them.
+JOIN_AGENT_MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, pattern)
+    for name, pattern, _ in JOIN_MILESTONES
+    if name in ("zygote_ready", "joining", "round_formed", "workers_started")
 )
 
 

@@ -53,7 +53,7 @@ from typing import Any
 from benchmarks._proc_job import EXAMPLE, STATEFUL, TORCHRUN_CONF, Flavor, ProcJob, signal_tree
 from benchmarks._proc_logs import join_phases, recovery_seconds, resumed_seconds
 from benchmarks.cli import BenchCli
-from benchmarks.report import markdown_table, summarize
+from benchmarks.report import markdown_table, phases_line, summarize
 
 FLAVORS = ("torchflex", "torchflex-state", "torchrun-tuned", "torchrun-default")
 _SCRIPTS = {"torchflex-state": STATEFUL}
@@ -331,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 if any(v is not None for v in trial.join_phases.values()):
-                    phases = ", ".join(f"{k} {_num(v)}" for k, v in trial.join_phases.items())
+                    phases = phases_line(trial.join_phases)
                     print(
                         f"   join phases (s from the new node's start): {phases}", file=sys.stderr
                     )

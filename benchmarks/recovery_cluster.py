@@ -56,6 +56,7 @@ from benchmarks._cluster_logs import (
 from benchmarks._cluster_report import FLAVORS, Trial, markdown, summary
 from benchmarks._proc_logs import pick_victim
 from benchmarks.cli import BenchCli
+from benchmarks.report import phases_line
 from e2e.cluster import Cluster, ensure_up
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes
 from e2e.polling import poll_until
@@ -177,12 +178,6 @@ def _kill(ctx: Context, cj: ClusterJob, trial: Trial) -> None:
     trial.regrow_s = back - t_kill
 
 
-def _phases(trial: Trial) -> str:
-    return ", ".join(
-        f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in trial.join_phases.items()
-    )
-
-
 def _trace(cj: ClusterJob, pods: dict[str, str]) -> None:
     for pod, uid in sorted(pods.items()):
         for line in cj.logs.tail(pod, uid):
@@ -249,7 +244,8 @@ def run(flavors: list[str], reps: dict[str, int], kill: str, trace: bool) -> lis
                     trials.append(trial)
                     say(f"{flavor} run {rep + 1}/{reps[flavor]}: {trial.line()}")
                     if any(v is not None for v in trial.join_phases.values()):
-                        say(f"   join phases (s from the scale request): {_phases(trial)}")
+                        phases = phases_line(trial.join_phases)
+                        say(f"   join phases (s from the scale request): {phases}")
     finally:
         op.stop()
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)

@@ -18,7 +18,7 @@ import platform
 import re
 import statistics
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -143,6 +143,11 @@ def write_section(name: str, title: str, command: str, body: str) -> Path:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     RESULTS_MD.write_text(text if text.endswith("\n") else text + "\n")
     return RESULTS_MD
+
+
+def phases_line(phases: Mapping[str, float | None]) -> str:
+    """``name 1.23, other n/a, ...``: a run's milestones in seconds, as the drivers print them."""
+    return ", ".join(f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in phases.items())
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
