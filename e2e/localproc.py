@@ -44,6 +44,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def listening(ip: str, port: int, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections on ``ip:port`` (a loopback address)."""
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:  # refused: nobody listens; timeout: nothing we could reach
+        return False
+
+
 def stop_process(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace: float = 5.0) -> None:
     """SIGTERM, then SIGKILL after ``grace`` seconds; only the process we started, by PID."""
     if proc.poll() is not None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -33,7 +32,7 @@ from e2e.cluster.controlplane import kubelet_argv, kubelet_env
 from e2e.cluster.handle import Cluster
 from e2e.cluster.layout import PROCESS_NODE_LABEL
 from e2e.kubelet.nodes import CAPACITY
-from e2e.localproc import free_port
+from e2e.localproc import free_port, listening
 from e2e.polling import poll_until
 
 BRIDGE = "autoscaler-testcloud"
@@ -90,12 +89,7 @@ class TestCloud:
         return self
 
     def _bridge_listens(self) -> bool:
-        with (
-            contextlib.suppress(OSError),
-            socket.create_connection(("127.0.0.1", self.grpc_port), timeout=1),
-        ):
-            return True
-        return False
+        return listening("127.0.0.1", self.grpc_port)
 
     def stop(self) -> None:
         processes.stop(self.cluster.layout.pids, BRIDGE)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import ssl
 import time
 import urllib.request
@@ -40,6 +39,7 @@ from e2e.cluster.layout import (
     toolchain_bin_dir,
 )
 from e2e.kubelet.logserver import KUBELET_PORT
+from e2e.localproc import listening
 
 DAEMONS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubelet"]
 DEFAULT_NODES = ["tf-node-0"]
@@ -74,15 +74,6 @@ def _running(lay: Layout) -> Cluster | None:
         return None
     cluster = Cluster.load(lay)
     return cluster if cluster.ready() else None
-
-
-def listening(ip: str, port: int, timeout: float = 1.0) -> bool:
-    """Whether something accepts TCP connections on ``ip:port`` (a loopback address)."""
-    try:
-        with socket.create_connection((ip, port), timeout=timeout):
-            return True
-    except OSError:  # refused: nobody listens; timeout: nothing we could reach
-        return False
 
 
 def refuse_a_taken_slot(root: Path, ip: str, port: int) -> None:

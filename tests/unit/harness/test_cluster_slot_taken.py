@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster.controlplane import ClusterStartError
-from e2e.cluster.lifecycle import listening, refuse_a_taken_slot
+from e2e.cluster.lifecycle import refuse_a_taken_slot
+from e2e.localproc import listening
 
 
 def test_a_listener_makes_the_slot_taken_and_the_error_says_what_to_do(tmp_path: Path) -> None:
