@@ -38,6 +38,18 @@ GPU_LIMIT: Final = "TORCHFLEX_GPU_LIMIT"
 """The container's ``nvidia.com/gpu`` limit (resourceFieldRef), when set."""
 TERMINATION_GRACE: Final = "TORCHFLEX_TERMINATION_GRACE"
 """Seconds the agent gives workers to checkpoint after SIGTERM."""
+STANDBY_FILE: Final = "TORCHFLEX_STANDBY_FILE"
+"""Path of a file that reads ``true`` while the pod is a warm spare: its agent
+prewarms (fork server, store connection) but does not join the rendezvous until
+the file reads anything else. The operator sets it on spare pods only, to a
+downward-API projection of the pod's ``torchflex.io/standby`` annotation
+(``labels.Annotation.STANDBY``), so promoting a spare is one annotation patch."""
+STANDBY_VOLUME: Final = "torchflex-podinfo"
+"""Name of the spare pod's downward-API volume holding ``STANDBY_FILE``."""
+STANDBY_MOUNT_DIR: Final = "/etc/torchflex/podinfo"
+STANDBY_FILE_NAME: Final = "standby"
+STANDBY_TRUE: Final = "true"
+"""The only content of ``STANDBY_FILE`` that keeps an agent waiting."""
 
 DEFAULT_HEALTH_PORT: Final = 29410
 DEFAULT_STORE_PORT: Final = 29400

@@ -48,6 +48,10 @@ class Annotation(enum.StrEnum):
     REPLICAS_DEFAULTED = "torchflex.io/replicas-defaulted"
     """On the job: the ``spec.replicas`` the operator wrote for an absent one
     (``maxReplicas``); while the field still holds it, it follows ``maxReplicas``."""
+    STANDBY = "torchflex.io/standby"
+    """On a worker pod: ``"true"`` while it is a warm spare (``spec.warmSpares``:
+    running, prewarmed, not in the rendezvous); the operator sets ``"false"``
+    to promote it. Projected into the pod as ``env.STANDBY_FILE``."""
 
 
 def worker_pod_name(job: str, index: int) -> str:
