@@ -55,7 +55,8 @@ def bench_job(flavor: str, name: str, ckpt: Path, replicas: int) -> BenchJob:
 
     Settings match the process-level benchmark (``benchmarks._proc_job``):
     torchrun gets 100 restarts and ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``,
-    "tuned" adds its fastest ``--rdzv-conf``.
+    "tuned" adds its fastest ``--rdzv-conf``; ``torchflex-spare`` is
+    ``torchflex`` with one warm spare pod (``spec.warmSpares: 1``).
     """
     torchrun = flavor.startswith("torchrun")
     env = [("TRAIN_PRINT_TIME", "1"), ("OMP_NUM_THREADS", "1"), ("PYTHONWARNINGS", "ignore")]
@@ -76,6 +77,7 @@ def bench_job(flavor: str, name: str, ckpt: Path, replicas: int) -> BenchJob:
         torchrun=torchrun,
         extra_env=tuple(env),
         rdzv_conf=TORCHRUN_CONF["tuned"] if flavor == "torchrun-tuned" else "",
+        warm_spares=1 if flavor == "torchflex-spare" else 0,
     )
 
 
@@ -84,6 +86,8 @@ class PodState:
     uid: str
     phase: str
     deleting: bool
+    standby: bool
+    """A warm spare (annotation ``torchflex.io/standby: "true"``): not a member yet."""
 
 
 class PodWatch:
@@ -168,7 +172,9 @@ class PodWatch:
             if kind == "DELETED":
                 self._pods.pop(name, None)
                 return
-            self._pods[name] = PodState(uid, phase, pod.metadata.deletion_timestamp is not None)
+            standby = (pod.metadata.annotations or {}).get(labels.Annotation.STANDBY) == "true"
+            deleting = pod.metadata.deletion_timestamp is not None
+            self._pods[name] = PodState(uid, phase, deleting, standby)
             self._created.setdefault((name, uid), now)
             if pod.spec is not None and pod.spec.node_name:
                 self._bound.setdefault((name, uid), now)
@@ -238,12 +244,13 @@ class ClusterJob:
     def scale(self, replicas: int) -> None:
         self.cluster.kubectl("scale", f"ej/{self.name}", "-n", self.ns, f"--replicas={replicas}")
 
-    def pods(self) -> dict[str, str]:
-        """``{pod: uid}`` of the job's live worker pods (Pending or Running, not deleting)."""
+    def pods(self, *, spares: bool = False) -> dict[str, str]:
+        """``{pod: uid}`` of the job's live member pods (Pending or Running, not deleting);
+        with ``spares``, of its live warm spares instead."""
         return {
             name: st.uid
             for name, st in self.watch.pods(f"{self.name}-worker-").items()
-            if not st.deleting and st.phase in ("Pending", "Running")
+            if not st.deleting and st.phase in ("Pending", "Running") and st.standby == spares
         }
 
     def running_since(self, pod: str, uid: str) -> float | None:

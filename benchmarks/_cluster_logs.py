@@ -137,10 +137,17 @@ _AGENT_STAMP = re.compile(r"\[torchflex-agent\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)
 # The new pod's agent's milestones of a scale-up join, in order (its first
 # such line after the request counts): the process-level benchmark's, as
 # the new node's own agent logs them.
-JOIN_AGENT_MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (name, pattern)
-    for name, pattern, _ in JOIN_MILESTONES
-    if name in ("zygote_ready", "joining", "round_formed", "workers_started")
+# A warm spare's agent logs ``STANDBY_WAITING`` once it waits for promotion
+# (its fork server is started: its imports end while it waits) and
+# ``promoted`` when the operator's annotation reaches it; a new pod logs neither.
+STANDBY_WAITING = re.compile(r"standby: warm spare")
+JOIN_AGENT_MILESTONES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("promoted", re.compile(r"promoted after")),
+    *(
+        (name, pattern)
+        for name, pattern, _ in JOIN_MILESTONES
+        if name in ("zygote_ready", "joining", "round_formed", "workers_started")
+    ),
 )
 
 

@@ -8,9 +8,12 @@ local control plane (``e2e.cluster``: real API server, scheduler, the real
 ``torchflex-operator`` process, pods as real processes on the process
 kubelet), under ``torchflex-agent`` and under a plain ``torchrun`` command
 (c10d, default and tuned settings; the job's store pod serves its
-rendezvous), in one run. Each repetition is one job:
+rendezvous), in one run; ``torchflex-spare`` is the torchflex job with one
+warm spare pod (``spec.warmSpares: 1``), whose join promotes that waiting pod
+instead of starting one. Each repetition is one job:
 
-1. apply it at ``replicas: 2``; wait until both pods train at world size 2;
+1. apply it at ``replicas: 2``; wait until both pods train at world size 2
+   (and, with a spare, until the spare's agent waits for promotion);
 2. scale-up join: ``kubectl scale ej/NAME --replicas=3``; join = from the
    request (and from the new pod first seen Running) to the first step at
    world size 3 on every pod. Each run also prints its ``join phases``
@@ -46,6 +49,7 @@ from benchmarks._cluster_job import (
     bench_job,
 )
 from benchmarks._cluster_logs import (
+    STANDBY_WAITING,
     all_at_world,
     current_rank,
     first_new_group_step,
@@ -63,12 +67,15 @@ from e2e.polling import poll_until
 from e2e.workload import apply_crd
 
 NAMESPACE = "bench-recovery-cluster"
-_SHORT = {"torchflex": "tf", "torchrun-tuned": "trt", "torchrun-default": "trd"}
+_SHORT = {"torchflex": "tf", "torchflex-spare": "tfs", "torchrun-tuned": "trt",
+          "torchrun-default": "trd"}  # fmt: skip
 _START_TIMEOUT = 180.0
-_JOIN_TIMEOUT = {"torchflex": 60.0, "torchrun-tuned": 60.0, "torchrun-default": 90.0}
+_JOIN_TIMEOUT = {"torchrun-default": 90.0}
 # Stock torchrun needs ~46 s on a quiet machine; past 120 s it counts as a timeout.
-_RECOVER_TIMEOUT = {"torchflex": 60.0, "torchrun-tuned": 60.0, "torchrun-default": 120.0}
-_REGROW_TIMEOUT = {"torchflex": 60.0, "torchrun-tuned": 60.0, "torchrun-default": 90.0}
+_RECOVER_TIMEOUT = {"torchrun-default": 120.0}
+_REGROW_TIMEOUT = {"torchrun-default": 90.0}
+_TIMEOUT = 60.0
+"""Any other launcher's limit for each wait."""
 _WARM_STEPS = 5
 
 
@@ -110,16 +117,20 @@ def _join(ctx: Context, cj: ClusterJob, trial: Trial) -> bool:
         pods = cj.pods()
         return all_at_world(cj.events(pods), t_scale, 3) if len(pods) == 3 else None
 
-    timeout = _JOIN_TIMEOUT[trial.flavor]
+    # A promoted spare ran long before the request: only a new pod's own marks count.
+    spare = trial.flavor == "torchflex-spare"
+
+    timeout = _JOIN_TIMEOUT.get(trial.flavor, _TIMEOUT)
     poll_until(lambda: joined() is not None, timeout, 0.2)
     done = joined()
     pods = cj.pods()
     new = [(p, uid) for p, uid in pods.items() if p not in before]
-    running = ctx.watch.running_since(*new[0]) if new else None
+    running = ctx.watch.running_since(*new[0]) if new and not spare else None
     if running is not None:
         trial.new_pod_running_s = running - t_scale
     if new:
-        trial.join_phases = join_phases(ctx.watch.marks(*new[0]), cj.logs.lines(*new[0]), t_scale)
+        marks = {} if spare else ctx.watch.marks(*new[0])
+        trial.join_phases = join_phases(marks, cj.logs.lines(*new[0]), t_scale)
     if done is None:
         trial.problems.append(f"join: no step at world size 3 on all 3 pods within {timeout:.0f} s")
         if ctx.trace:
@@ -129,6 +140,20 @@ def _join(ctx: Context, cj: ClusterJob, trial: Trial) -> bool:
     if running is not None:
         trial.join_from_running_s = done - running
     return True
+
+
+def _wait_spare(cj: ClusterJob, timeout: float) -> bool:
+    """Wait until the job's warm spare waits for promotion (its imports done)."""
+
+    def waiting() -> bool:
+        spares = cj.pods(spares=True)
+        return len(spares) == 1 and any(
+            STANDBY_WAITING.search(line)
+            for pod, uid in spares.items()
+            for line in cj.logs.lines(pod, uid)
+        )
+
+    return bool(poll_until(waiting, timeout, 0.2))
 
 
 def _kill(ctx: Context, cj: ClusterJob, trial: Trial) -> None:
@@ -148,7 +173,7 @@ def _kill(ctx: Context, cj: ClusterJob, trial: Trial) -> None:
         if not pids:
             trial.problems.append(f"found no processes of {victim}")
             return
-    timeout = _RECOVER_TIMEOUT[trial.flavor]
+    timeout = _RECOVER_TIMEOUT.get(trial.flavor, _TIMEOUT)
     poll_until(lambda: group_formed_at(cj.events(survivors), t_kill) is not None, timeout, 0.2)
     surv_events = cj.events(survivors)
     done = group_formed_at(surv_events, t_kill)
@@ -167,7 +192,7 @@ def _kill(ctx: Context, cj: ClusterJob, trial: Trial) -> None:
             return None
         return group_formed_at(cj.events(now), t_kill, world=3)
 
-    timeout = _REGROW_TIMEOUT[trial.flavor]
+    timeout = _REGROW_TIMEOUT.get(trial.flavor, _TIMEOUT)
     poll_until(lambda: regrown() is not None, timeout, 0.2)
     back = regrown()
     if back is None:
@@ -191,6 +216,9 @@ def run_trial(ctx: Context, flavor: str, rep: int) -> Trial:
     try:
         if not _wait_world(cj, 2, 0.0, _START_TIMEOUT):
             trial.problems.append(f"the job did not train at world size 2 within {_START_TIMEOUT}s")
+            return trial
+        if flavor == "torchflex-spare" and not _wait_spare(cj, _START_TIMEOUT):
+            trial.problems.append(f"no warm spare waiting within {_START_TIMEOUT}s")
             return trial
         if not _join(ctx, cj, trial):
             # Kill on a fresh job that starts at full size instead.

@@ -41,6 +41,7 @@ class TrainingJob:
     max_restarts: int = 3
     backoff_limit: int = 4
     min_available_timeout_s: int | None = None
+    warm_spares: int = 0
     grace_s: int = 10
     torchrun: bool = False
     script: str = "examples/train_elastic.py"
@@ -110,6 +111,8 @@ class TrainingJob:
             spec["replicas"] = self.replicas
         if self.min_available_timeout_s is not None:
             spec["minAvailableTimeoutSeconds"] = self.min_available_timeout_s
+        if self.warm_spares:
+            spec["warmSpares"] = self.warm_spares
         return {
             "apiVersion": labels.API_VERSION,
             "kind": labels.KIND,

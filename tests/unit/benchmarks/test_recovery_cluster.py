@@ -6,8 +6,11 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from benchmarks._cluster_job import bench_job
 from benchmarks._cluster_logs import (
+    STANDBY_WAITING,
     Resumed,
     agent_stamp,
     all_at_world,
@@ -122,6 +125,7 @@ def test_join_phases_from_the_watch_and_the_new_pods_agent() -> None:
     marks = {"created": t0 + 0.06, "bound": t0 + 0.07, "running": None}
     got = join_phases(marks, lines, t0)
     assert {k: v if v is None else round(v, 6) for k, v in got.items()} == {
+        "promoted": None,
         "created": 0.06,
         "bound": 0.07,
         "running": None,
@@ -133,6 +137,23 @@ def test_join_phases_from_the_watch_and_the_new_pods_agent() -> None:
     }
     none = join_phases({}, ["plain output"], t0)
     assert set(none.values()) == {None}
+
+
+def test_join_phases_of_a_promoted_warm_spare() -> None:
+    t0 = 1_790_000_000.0
+    lines = [
+        _agent_line(t0 - 20.0, "worker fork server ready (preloaded in 1.55s)"),
+        _agent_line(t0 - 19.9, "standby: warm spare, waiting for promotion (/etc/x)"),
+        _agent_line(t0 + 0.3, "promoted after 20.2 s in standby: joining"),
+        _agent_line(t0 + 0.301, "joining the rendezvous (round >= 0)"),
+        _agent_line(t0 + 0.5, "round 3: node rank 2 of 3, world size 3 (rendezvous took 199.0 ms)"),
+    ]
+    got = join_phases({}, lines, t0)
+    assert {k: v for k, v in got.items() if v is not None} == pytest.approx(
+        {"promoted": 0.3, "joining": 0.301, "round_formed": 0.5}
+    )
+    assert got["zygote_ready"] is None, "imports done before the request are not a phase"
+    assert any(STANDBY_WAITING.search(line) for line in lines)
 
 
 def test_speedup() -> None:
@@ -148,6 +169,7 @@ def test_summary_and_markdown_report_timeouts_as_such() -> None:
               join_from_running_s=1.5, new_pod_running_s=0.5),
         Trial("torchflex", recovery_s=3.0, reformed_world=3, regrow_s=3.0, join_s=2.4,
               join_from_running_s=1.9, new_pod_running_s=0.5),
+        Trial("torchflex-spare", recovery_s=1.0, reformed_world=2, regrow_s=3.0, join_s=0.5),
         Trial("torchrun-tuned", recovery_s=8.0, reformed_world=3, fresh_job=True,
               problems=["join: no step at world size 3 on all 3 pods within 60 s"]),
         Trial("torchrun-default",
@@ -163,12 +185,20 @@ def test_summary_and_markdown_report_timeouts_as_such() -> None:
     assert result["speedup_vs_default"] is None
     assert result["join_speedup_vs_tuned"] is None
     assert len(result["torchflex_runs"]) == 2
+    assert result["torchflex_spare_join_s"] == 0.5
+    assert result["spare_join_speedup"] == 4.4
     text = markdown(trials, result, "sigkill")
     assert "| torchflex | 2.00 s (1.00-3.00, n=2) | 2, 3 |" in text
     assert "n/a; 1 of 1 not reached" in text
     assert "torchrun-default: recovery: timed out" in text
     assert "1 run(s) killed on a fresh" in text
     assert "4.0x vs tuned" in text
+    spare_row = (
+        "| torchflex-spare | 1.00 s (1.00-1.00, n=1) | 2 | 3.00 s (3.00-3.00, n=1) | "
+        "0.50 s (0.50-0.50, n=1) | n/a (no new pod) |"
+    )
+    assert spare_row in text
+    assert "a warm spare joins 4.4x faster" in text
 
 
 def test_bench_job_commands() -> None:
@@ -188,3 +218,6 @@ def test_bench_job_commands() -> None:
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in dict(ours.extra_env)
     spec = ours.manifest()["spec"]
     assert (spec["minReplicas"], spec["maxReplicas"], spec["replicas"]) == (2, 3, 3)
+    assert "warmSpares" not in spec
+    spare = bench_job("torchflex-spare", "j", Path("/tmp/ck"), replicas=2).manifest()["spec"]
+    assert spare["warmSpares"] == 1
