@@ -15,7 +15,8 @@ from pathlib import Path
 
 from kubernetes import config
 
-from e2e.kubelet.agent import Kubelet, Placement
+from e2e.kubelet.agent import Kubelet
+from e2e.kubelet.nodes import Placement
 
 
 def main(argv: list[str] | None = None) -> int:

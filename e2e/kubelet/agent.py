@@ -22,7 +22,6 @@ real kubelet after a node reboot: its containers are gone
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import queue
@@ -39,7 +38,7 @@ from kubernetes import client
 from e2e.cluster import network
 from e2e.cluster.layout import GATEWAY_IP, PROCESS_NODE_IP_PREFIX, PROCESS_NODE_LABEL
 from e2e.kubelet import fetch, logserver, podspec, provisioner, runtime, sandbox, status, volumes
-from e2e.kubelet.nodes import NodeHeartbeat
+from e2e.kubelet.nodes import NodeHeartbeat, Placement
 from e2e.kubelet.runtime import PodRuntime
 
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
@@ -52,20 +51,8 @@ CREATE_RETRY_S = 1.0
 # reset, timed out: urllib3's MaxRetryError and friends), as opposed to an
 # answer (ApiException): retried, never fatal.
 API_UNREACHABLE: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError,)
-# On every pod's PATH (after the system's), standing in for what images ship.
-IMAGE_TOOLS = ("etcd",)
 LOST_REASON = "ContainerStatusUnknown"
 LOST_MESSAGE = "The container could not be located when the kubelet restarted"
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where one kubelet process's nodes and pods sit among the others' (``__main__``)."""
-
-    first_host: int = 1
-    first_pod_ip: int = 2
-    labels: dict[str, str] = dataclasses.field(default_factory=dict)
-    provider_id: str = ""
 
 
 class Kubelet:
@@ -98,27 +85,11 @@ class Kubelet:
     def _api_answered(self) -> None:
         self.last_api_ok = time.monotonic()
 
-    # --- images ------------------------------------------------------------
-    def _link_image_tools(self) -> None:
-        """Images are not run here: the tools an image would have on its PATH
-        come from the pinned toolchain (``etcd``, for a managed etcd pod)."""
-        self.image_bin.mkdir(parents=True, exist_ok=True)
-        info = json.loads((self.state_dir / "cluster.json").read_text())
-        for tool in IMAGE_TOOLS:
-            link, target = self.image_bin / tool, Path(info["bin_dir"]) / tool
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(target)
-
     # --- kubectl logs ----------------------------------------------------
     def _log_of(self, ns: str, pod: str, container: str) -> tuple[Path, bool] | None:
         """Called from the log server's threads: reads a snapshot only."""
-        for rt in list(self.runtimes.values()):
-            if rt.ns == ns and rt.name == pod and container in rt.records:
-                return rt.pod_dir / f"{container}.log", container in rt.procs
-        # A pod this kubelet process never ran (it finished before a restart).
-        path = logserver.newest_log(self.state_dir / "pods", ns, pod, container)
-        return None if path is None else (path, False)
+        runtimes = list(self.runtimes.values())
+        return runtime.log_of(runtimes, self.state_dir / "pods", ns, pod, container)
 
     # --- main loop -------------------------------------------------------
     def run(self) -> None:
@@ -134,7 +105,8 @@ class Kubelet:
         )
         heartbeat.register()
         threading.Thread(target=heartbeat.loop, daemon=True).start()
-        self._link_image_tools()
+        info = json.loads((self.state_dir / "cluster.json").read_text())
+        runtime.link_image_tools(Path(info["bin_dir"]), self.image_bin)
         volumes_provisioner = provisioner.Provisioner(
             self.api, self.state_dir / "volumes", self.stop
         )
@@ -245,6 +217,9 @@ class Kubelet:
             return
         if rt is None and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             self._create(pod, node)
+        elif rt is not None and not rt.torn_down:
+            # A running pod's update: its downward API files follow its metadata.
+            volumes.refresh(pod, rt.pod_dir)
 
     def _create(self, pod: dict[str, Any], node: str) -> None:
         meta = pod["metadata"]

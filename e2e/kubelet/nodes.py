@@ -7,12 +7,14 @@ never marks a live node NotReady. Nodes carry no kwok annotation, so kwok
 leaves them alone. The Lease is renewed by read-modify-write with the
 resourceVersion just read (the API server refuses an unconditional update
 of a Lease), so a restarted kubelet takes over the Lease its previous
-process left.
+process left. :class:`Placement` says where one kubelet process's nodes
+and pods sit when several run side by side.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import threading
@@ -28,6 +30,16 @@ LEASE_SECONDS = 40
 RENEW_EVERY_S = 5.0
 REQUEST_TIMEOUT_S = 5.0
 CAPACITY = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "100Gi"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one kubelet process's nodes and pods sit among the others' (``__main__``)."""
+
+    first_host: int = 1
+    first_pod_ip: int = 2
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    provider_id: str = ""
 
 
 def _micro_now() -> str:

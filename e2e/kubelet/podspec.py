@@ -42,12 +42,30 @@ def pod_hostname(pod: Mapping[str, Any]) -> str:
     return str(spec.get("hostname") or pod["metadata"]["name"])[:63]
 
 
-def _field_ref(pod: Mapping[str, Any], path: str, node: str, host_ip: str, pod_ip: str) -> str:
-    meta, spec = pod["metadata"], pod.get("spec", {})
+def metadata_field(pod: Mapping[str, Any], path: str) -> str | None:
+    """A ``metadata.*`` fieldRef (name, namespace, uid, one label or annotation
+    by key) as env and downward API volume items read it; None: not one of them."""
+    meta = pod["metadata"]
     simple = {
         "metadata.name": meta["name"],
         "metadata.namespace": meta.get("namespace", "default"),
         "metadata.uid": meta.get("uid", ""),
+    }
+    if path in simple:
+        return str(simple[path])
+    for prefix, source in (("metadata.labels", "labels"), ("metadata.annotations", "annotations")):
+        if path.startswith(prefix + "['") and path.endswith("']"):
+            key = path[len(prefix) + 2 : -2]
+            return str(meta.get(source, {}).get(key, ""))
+    return None
+
+
+def _field_ref(pod: Mapping[str, Any], path: str, node: str, host_ip: str, pod_ip: str) -> str:
+    from_meta = metadata_field(pod, path)
+    if from_meta is not None:
+        return from_meta
+    spec = pod.get("spec", {})
+    simple = {
         "spec.nodeName": node,
         "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
         "status.hostIP": host_ip,
@@ -57,10 +75,6 @@ def _field_ref(pod: Mapping[str, Any], path: str, node: str, host_ip: str, pod_i
     }
     if path in simple:
         return str(simple[path])
-    for prefix, source in (("metadata.labels", "labels"), ("metadata.annotations", "annotations")):
-        if path.startswith(prefix + "['") and path.endswith("']"):
-            key = path[len(prefix) + 2 : -2]
-            return str(meta.get(source, {}).get(key, ""))
     raise UnsupportedSpecError(f"fieldRef {path!r} is not supported")
 
 

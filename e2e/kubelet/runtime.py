@@ -6,7 +6,8 @@ their status records) and owns every change to it from its single loop
 thread. The helpers here act on one runtime only and never call the API
 server: writing its ``runtime.json`` (``records``, read by the fault
 helpers), its ``/etc/hosts``, ``resolv.conf`` and ``nsswitch.conf``
-(``podspec``), and killing process groups by PID.
+(``podspec``), killing process groups by PID, finding a container's log
+for the log server, and linking the tools images would ship.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.cluster import network
-from e2e.kubelet import podspec, records, status
+from e2e.kubelet import logserver, podspec, records, status
 
 
 @dataclasses.dataclass
@@ -65,6 +66,33 @@ def write_record(rt: PodRuntime) -> None:
         containers=containers,
     )
     records.write(rt.pod_dir, record)
+
+
+# On every pod's PATH (after the system's), standing in for what images ship.
+IMAGE_TOOLS = ("etcd",)
+
+
+def link_image_tools(bin_dir: Path, image_bin: Path) -> None:
+    """Images are not run here: the tools an image would have on its PATH
+    come from the pinned toolchain (``etcd``, for a managed etcd pod)."""
+    image_bin.mkdir(parents=True, exist_ok=True)
+    for tool in IMAGE_TOOLS:
+        link, target = image_bin / tool, bin_dir / tool
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target)
+
+
+def log_of(
+    runtimes: list[PodRuntime], pods_dir: Path, ns: str, pod: str, container: str
+) -> tuple[Path, bool] | None:
+    """A container's log file for ``kubectl logs`` and whether it still runs."""
+    for rt in runtimes:
+        if rt.ns == ns and rt.name == pod and container in rt.records:
+            return rt.pod_dir / f"{container}.log", container in rt.procs
+    # A pod this kubelet process never ran (it finished before a restart).
+    path = logserver.newest_log(pods_dir, ns, pod, container)
+    return None if path is None else (path, False)
 
 
 def kill_leftovers(pod_dir: Path) -> None:

@@ -6,7 +6,9 @@ path itself; persistentVolumeClaim → its bound volume's directory (only
 volumes of the kubelet's own provisioner, which are hostPath ones);
 configMap / secret / projected (ServiceAccount token from the TokenRequest
 API, the cluster CA, downward API) → files written per pod, so in-cluster
-config works and the pod's RBAC is enforced for real.
+config works and the pod's RBAC is enforced for real. downwardAPI volumes and
+the downward API part of projected ones follow the pod's labels and
+annotations (``downward``; :func:`refresh` on each pod update).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from e2e.kubelet import downward
 from e2e.kubelet.podspec import Mount, UnsupportedSpecError
 
 
@@ -50,20 +53,6 @@ def _write_items(
             path.write_text(data[key])
 
 
-def _downward(pod: Mapping[str, Any], field: str) -> str:
-    meta = pod["metadata"]
-    if field == "metadata.namespace":
-        return str(meta.get("namespace", "default"))
-    if field == "metadata.name":
-        return str(meta["name"])
-    if field == "metadata.uid":
-        return str(meta.get("uid", ""))
-    if field in ("metadata.labels", "metadata.annotations"):
-        values = meta.get(field.split(".")[1], {})
-        return "\n".join(f'{k}="{v}"' for k, v in sorted(values.items()))
-    raise UnsupportedSpecError(f"downwardAPI field {field!r} is not supported")
-
-
 def _projected(
     pod: Mapping[str, Any], vol: Mapping[str, Any], target: Path, fetch: Fetcher
 ) -> None:
@@ -82,10 +71,7 @@ def _projected(
         elif "secret" in source:
             sec = source["secret"]
             _write_items(target, fetch.secret(ns, sec["name"]), sec.get("items"))
-        elif "downwardAPI" in source:
-            for item in source["downwardAPI"].get("items", []):
-                path = target / item["path"]
-                path.write_text(_downward(pod, item["fieldRef"]["fieldPath"]))
+    downward.sync_dir(target, downward.volume_files(pod, {"projected": vol}))
 
 
 def prepare(
@@ -108,6 +94,10 @@ def prepare(
                 source.mkdir(parents=True, exist_ok=True)
         elif "persistentVolumeClaim" in vol:
             source = fetch.claim_path(ns, vol["persistentVolumeClaim"]["claimName"])
+        elif "downwardAPI" in vol:
+            # Written at every start (only what changed): a restarted kubelet's
+            # pod directory may hold the files of older metadata.
+            downward.sync_dir(source, downward.volume_files(pod, vol))
         elif not source.exists():
             if "configMap" in vol:
                 cm = vol["configMap"]
@@ -130,6 +120,24 @@ def prepare(
         )
         mounts.append(Mount(source, vm["mountPath"], read_only))
     return mounts
+
+
+def refresh(pod: Mapping[str, Any], pod_dir: Path) -> list[str]:
+    """Rewrite the downward API files of ``pod``'s materialised volumes whose
+    content its metadata changed (a running pod's update); returns
+    ``volume/path`` of each file rewritten."""
+    changed: list[str] = []
+    for vol in pod.get("spec", {}).get("volumes", []):
+        target = pod_dir / "volumes" / vol["name"]
+        if not target.is_dir():
+            continue
+        try:
+            wanted = downward.volume_files(pod, vol)
+        except UnsupportedSpecError:
+            # The container failed on it at start (CreateContainerConfigError).
+            continue
+        changed += [f"{vol['name']}/{p}" for p in downward.sync_dir(target, wanted)]
+    return changed
 
 
 def decode_secret(data: Mapping[str, str]) -> dict[str, str]:

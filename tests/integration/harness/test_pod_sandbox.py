@@ -22,6 +22,8 @@ import pytest
 from e2e.cluster import Cluster
 from tests.integration.harness import pods
 from tests.support import wait_for
+from torchflex_contract import env
+from torchflex_contract.labels import Annotation
 
 pytestmark = pytest.mark.cluster
 
@@ -188,3 +190,48 @@ def test_mount_points_stay_inside_the_pod(cluster: Cluster, namespace: str, tmp_
     pod_dir = next(cluster.layout.pods.glob(f"{namespace}_mounter_*"))
     assert (pod_dir / "volumes" / "top" / "here").read_text() == "top"
     assert (pod_dir / "volumes" / "nested" / "file").read_text() == "nested"
+
+
+STANDBY = Annotation.STANDBY.value
+# Prints the standby file whenever it changes; ends once it reads "false" (bounded).
+STANDBY_PRINTER = textwrap.dedent(
+    f"""
+    import time
+    last = None
+    for _ in range(600):
+        value = open("{env.STANDBY_MOUNT_DIR}/{env.STANDBY_FILE_NAME}").read()
+        if value != last:
+            print(f"standby={{value}}", flush=True)
+            last = value
+        if value == "false":
+            break
+        time.sleep(0.05)
+    """
+)
+
+
+def _log(cluster: Cluster, ns: str, name: str) -> str:
+    return cluster.kubectl("logs", name, "-n", ns, check=False).stdout
+
+
+def test_downward_api_file_follows_an_annotation(cluster: Cluster, namespace: str) -> None:
+    """As on a real node, a running pod's downwardAPI file changes with its
+    annotation (the warm spare's promotion channel, issue 18)."""
+    p = pods.pod("spare", STANDBY_PRINTER)
+    p["metadata"]["annotations"] = {STANDBY: "true"}
+    field = f"metadata.annotations['{STANDBY}']"
+    item = {"path": env.STANDBY_FILE_NAME, "fieldRef": {"fieldPath": field}}
+    p["spec"]["volumes"] = [{"name": env.STANDBY_VOLUME, "downwardAPI": {"items": [item]}}]
+    mount = {"name": env.STANDBY_VOLUME, "mountPath": env.STANDBY_MOUNT_DIR, "readOnly": True}
+    p["spec"]["containers"][0]["volumeMounts"] = [mount]
+    pods.apply(cluster, namespace, p)
+    wait_for(
+        lambda: "standby=true" in _log(cluster, namespace, "spare"),
+        30,
+        "the spare printing its standby file",
+    )
+    cluster.kubectl("annotate", "--overwrite", "pod", "spare", "-n", namespace, f"{STANDBY}=false")
+    pods.wait_phase(cluster, namespace, "spare", "Succeeded")
+    assert cluster.kubectl("logs", "spare", "-n", namespace).stdout == (
+        "standby=true\nstandby=false\n"
+    )
