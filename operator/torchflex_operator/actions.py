@@ -30,6 +30,14 @@ class PodDelete:
 
 
 @dataclasses.dataclass(frozen=True)
+class PodPromote:
+    """Set a warm spare's ``torchflex.io/standby`` annotation to ``"false"`` (``spares``)."""
+
+    name: str
+    uid: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Event:
     type: EventType
     reason: EventReason
@@ -43,6 +51,7 @@ class Plan:
     create_network_policies: list[Manifest] = dataclasses.field(default_factory=list)
     delete_network_policies: list[str] = dataclasses.field(default_factory=list)
     delete_pods: list[PodDelete] = dataclasses.field(default_factory=list)
+    promote_pods: list[PodPromote] = dataclasses.field(default_factory=list)
     status: JobStatus | None = None
     """The job's new status; None: none decided (a job being deleted)."""
     events: list[Event] = dataclasses.field(default_factory=list)

@@ -163,7 +163,36 @@ def _shared_memory(job: JobSpec, pod_spec: Manifest, container: Manifest) -> Non
     )
 
 
-def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
+def _standby(pod_spec: Manifest, container: Manifest) -> None:
+    """A spare's agent reads its ``torchflex.io/standby`` annotation from a file: the
+    kubelet refreshes a downward-API file when the annotation changes, so promoting
+    the spare is one patch, with no restart (members get none of this)."""
+    _mount_volume(
+        pod_spec,
+        container,
+        {
+            "name": env.STANDBY_VOLUME,
+            "downwardAPI": {
+                "items": [
+                    {
+                        "path": env.STANDBY_FILE_NAME,
+                        "fieldRef": {
+                            "fieldPath": f"metadata.annotations['{Annotation.STANDBY.value}']"
+                        },
+                    }
+                ]
+            },
+        },
+        {"name": env.STANDBY_VOLUME, "mountPath": env.STANDBY_MOUNT_DIR, "readOnly": True},
+    )
+    path = f"{env.STANDBY_MOUNT_DIR}/{env.STANDBY_FILE_NAME}"
+    rest = [e for e in container.get("env") or [] if e.get("name") != env.STANDBY_FILE]
+    container["env"] = [*rest, {"name": env.STANDBY_FILE, "value": path}]
+
+
+def worker_pod(job: JobSpec, index: int, settings: Settings, *, spare: bool = False) -> Manifest:
+    """Worker pod ``index``; ``spare``: a warm spare (``spares``), the standby
+    annotation and its file added (nothing the spec hash covers changes)."""
     template = copy.deepcopy(dict(job.template))
     meta = dict(template.get("metadata") or {})
     pod_spec: Manifest = dict(template.get("spec") or {})
@@ -183,6 +212,8 @@ def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
             {"name": _TLS_VOLUME, "mountPath": env.RDZV_TLS_MOUNT, "readOnly": True},
         )
     _shared_memory(job, pod_spec, container)
+    if spare:
+        _standby(pod_spec, container)
     pod_spec["restartPolicy"] = "Never"  # the agent restarts workers; a pod exit is final
     # The agent never calls the API: no token unless the template asks for one.
     pod_spec.setdefault("automountServiceAccountToken", False)
@@ -197,6 +228,8 @@ def worker_pod(job: JobSpec, index: int, settings: Settings) -> Manifest:
         **(meta.get("annotations") or {}),
         Annotation.SPEC_HASH.value: template_hash(job),
     }
+    if spare:
+        annotations[Annotation.STANDBY.value] = env.STANDBY_TRUE
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -40,6 +40,8 @@ class PodView:
     """Reason of a True ``DisruptionTarget`` condition, when present."""
     spec_hash: str | None = None
     """``torchflex.io/spec-hash``: the job spec the pod was built from."""
+    standby: bool = False
+    """``torchflex.io/standby`` is ``"true"``: a warm spare, not a member (``spares``)."""
 
     @property
     def terminating(self) -> bool:
@@ -112,6 +114,8 @@ class PodView:
             status_reason=status.get("reason"),
             disruption_reason=disruption,
             spec_hash=(meta.get("annotations") or {}).get(labels.Annotation.SPEC_HASH),
+            standby=(meta.get("annotations") or {}).get(labels.Annotation.STANDBY)
+            == env.STANDBY_TRUE,
         )
 
 

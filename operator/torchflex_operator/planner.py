@@ -28,6 +28,7 @@ from torchflex_operator import (
     netpol,
     pacing,
     rollout,
+    spares,
     training,
     verdicts,
 )
@@ -70,7 +71,11 @@ class _Pass:
         # A planned status always carries its conditions list, empty or not.
         self.s = replace(prior, conditions=prior.conditions or ())
         self.prior_phase = prior.phase
-        self.workers = observed.workers()
+        everyone = observed.workers()
+        self.workers = [w for w in everyone if not w.standby]
+        """The members: every worker pod but the warm spares."""
+        self.spares = [w for w in everyone if w.standby]
+        """Warm spares (``spares``): never counted as members, in status or verdicts."""
         self.fatal = ""  # set by account_failures: a failure retrying cannot help
 
     # -- helpers -------------------------------------------------------------
@@ -170,25 +175,27 @@ class _Pass:
         kept = [u for u in accounted if u in live][-self.settings.accounted_pods_kept :]
         self.s = replace(self.s, accounted_pods=tuple(kept))
         if fresh and not self.fatal:  # a fatal failure ends the job: nothing is replaced
-            last = self.since(self.s.last_replacement_time)
-            streak = self.s.replacement_streak or 0
-            streak = (
-                streak + 1 if last is not None and last < 2 * self.settings.backoff_cap_s else 1
-            )
-            delay = pacing.backoff_delay(streak, self.settings)
-            until = self.now + dt.timedelta(seconds=delay)
-            self.s = replace(
-                self.s,
-                replacement_streak=streak,
-                last_replacement_time=self.stamp,
-                backoff_until=until.replace(microsecond=0),
-            )
-            self.plan.event(
-                EventType.NORMAL,
-                EventReason.BACKING_OFF,
-                f"replacing failed pods in {delay:.0f}s (replacement streak {streak})",
-            )
+            self.back_off()
         return failed
+
+    def back_off(self) -> None:
+        """Hold replacements back: 1, 2, 4, ... s while failures keep coming (``pacing``)."""
+        last = self.since(self.s.last_replacement_time)
+        streak = self.s.replacement_streak or 0
+        streak = streak + 1 if last is not None and last < 2 * self.settings.backoff_cap_s else 1
+        delay = pacing.backoff_delay(streak, self.settings)
+        until = self.now + dt.timedelta(seconds=delay)
+        self.s = replace(
+            self.s,
+            replacement_streak=streak,
+            last_replacement_time=self.stamp,
+            backoff_until=until.replace(microsecond=0),
+        )
+        self.plan.event(
+            EventType.NORMAL,
+            EventReason.BACKING_OFF,
+            f"replacing failed pods in {delay:.0f}s (replacement streak {streak})",
+        )
 
     def replace_failed(self, failed: list[PodView]) -> None:
         for pod in failed:
@@ -215,12 +222,18 @@ class _Pass:
         self.s = replace(self.s, desired_replicas=desired)
         active = [w for w in self.workers if w.active]
         if len(active) > desired:
-            # Pending pods first (they hold no training state), then out-of-date
-            # ones (they would be rolled anyway), then highest indices.
+            # Members in the warm spares' range first (spares live there), then
+            # pending pods (they hold no training state), then out-of-date ones
+            # (they would be rolled anyway), then highest indices.
             current = builders.template_hash(job)
             victims = sorted(
                 active,
-                key=lambda w: (w.running, not rollout.outdated(w, current), -(w.index or 0)),
+                key=lambda w: (
+                    not (job.warm_spares and (w.index or 0) >= desired),
+                    w.running,
+                    not rollout.outdated(w, current),
+                    -(w.index or 0),
+                ),
             )
             for pod in victims[: len(active) - desired]:
                 self.plan.delete(pod)
@@ -234,8 +247,8 @@ class _Pass:
             return None
         # At most maxReplicas worker objects, one pod per index, paced (pacing.py).
         budget = pacing.budget(self.workers, self.settings, gang.pods_at_once(job, self.settings))
-        occupied = {w.index for w in self.workers}
-        room = job.max_replicas - len(self.workers)
+        occupied = {w.index for w in (*self.workers, *self.spares)}
+        room = job.max_replicas - len(self.workers) - len(self.spares)
         take = min(missing, room, budget.allowed)
         free = [i for i in range(job.max_replicas) if i not in occupied][:take]
         for index in free:
@@ -361,6 +374,11 @@ class _Pass:
             restarts=restarts,
             rendezvous_round=rnd,
             world_size=world,
+            warm_spares=(
+                sum(1 for w in self.spares if w.running)
+                if self.job.warm_spares or self.spares
+                else None
+            ),
         )
 
     def decide(self) -> None:
@@ -403,9 +421,11 @@ class _Pass:
             if deadline is not None:
                 result.wake_in(deadline - started)
             verdicts.complete(self, verdict)
+            spares.retire(self)
         else:
             if deadline is not None:
                 result.wake_in(deadline - started)
+            spares.promote(self)
             self.replace_failed(failed)
             verdicts.fence(self)
             held = verdicts.refusals(self)
@@ -419,9 +439,11 @@ class _Pass:
                 self.ensure_network_policy()
                 budget = self.scale(held)
                 self.roll()
+                spares.keep(self, held)
                 verdicts.desired_size(self, budget, held)
         if self.finished:
             lifecycle.cleanup(self)
+            spares.retire(self)
         else:
             if verdict is not None:  # completing: the agents' reports say who still trains
                 training.training(self)
@@ -432,6 +454,7 @@ class _Pass:
             return self.plan  # the garbage collector owns teardown; no status to write
         if self.prior_phase is not None and self.prior_phase.finished:
             lifecycle.cleanup(self)
+            spares.retire(self)
         elif self.job.suspend:
             lifecycle.suspend(self)
         elif self.obs.queue is not None and self.obs.queue.holds:

@@ -418,6 +418,10 @@ class Reconciler:
             if uid is not None:
                 role = manifest["metadata"]["labels"][labels.Label.ROLE]
                 self.metrics.pods_created.labels(role).inc()
+        for spare in result.promote_pods:  # before creates' errors can cut the pass short
+            await self.kube.set_pod_annotation(
+                namespace, spare.name, spare.uid, labels.Annotation.STANDBY.value, "false"
+            )
         for reason in result.replacements:
             self.metrics.pods_replaced.labels(reason.value).inc()
         for victim in result.delete_pods:

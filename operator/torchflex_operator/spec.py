@@ -80,6 +80,8 @@ class JobSpec:
     """Kueue's LocalQueue (label ``kueue.x-k8s.io/queue-name``): it gates the job (``queueing``)."""
     priority_class: str | None = None
     """Kueue's WorkloadPriorityClass (label ``kueue.x-k8s.io/priority-class``)."""
+    warm_spares: int = 0
+    """``spec.warmSpares``: prewarmed pods kept beyond ``desired`` to scale up fast (``spares``)."""
 
     @property
     def desired(self) -> int:
@@ -145,11 +147,14 @@ class JobSpec:
                 ),
                 queue_name=(meta.get("labels") or {}).get(KueueLabel.QUEUE_NAME) or None,
                 priority_class=(meta.get("labels") or {}).get(KueueLabel.PRIORITY_CLASS) or None,
+                warm_spares=int(spec.get("warmSpares", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc
         if job.min_replicas < 1 or job.max_replicas < job.min_replicas:
             raise InvalidSpecError("need 1 <= spec.minReplicas <= spec.maxReplicas")
+        if job.warm_spares < 0:
+            raise InvalidSpecError("spec.warmSpares must be >= 0")
         if job.rendezvous.backend is RendezvousBackend.ETCD and not (
             job.rendezvous.endpoint or job.rendezvous.managed_etcd
         ):

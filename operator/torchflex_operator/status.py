@@ -280,6 +280,7 @@ class JobStatus(Record):
     conditions: tuple[Condition, ...] | None = None
     replicas: int | None = None
     ready_replicas: int | None = None
+    warm_spares: int | None = None
     updated_replicas: int | None = None
     desired_replicas: int | None = None
     selector: str | None = None

@@ -149,6 +149,8 @@ class EventReason(enum.StrEnum):
     """The spec passed the CRD schema but not ``JobSpec.parse`` (Warning; no pass runs)."""
     BUDGET_NOT_APPLIED = "DisruptionBudgetNotApplied"
     """The job's PodDisruptionBudget could not be written (Warning; the job runs without it)."""
+    SPARE_PROMOTED = "SparePromoted"
+    """A warm spare became a member: its standby annotation was set to false (``spares``)."""
 
 
 class GangScheduling(enum.StrEnum):

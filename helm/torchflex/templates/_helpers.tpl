@@ -162,10 +162,11 @@ watches for handlers.py.
 - apiGroups: [torchflex.io]
   resources: [elasticjobs/finalizers]
   verbs: [update]
-# Worker, store and etcd pods: watched by kopf, listed per job, created and deleted.
+# Worker, store and etcd pods: watched by kopf, listed per job, created and deleted;
+# a warm spare's torchflex.io/standby annotation patched to promote it.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch, create, delete]
+  verbs: [list, watch, create, patch, delete]
 # Headless Services of a job: watched by kopf, created (they go with the job).
 - apiGroups: [""]
   resources: [services]

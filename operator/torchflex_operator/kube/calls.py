@@ -21,7 +21,7 @@ from kubernetes import client
 from torchflex_contract import labels
 from torchflex_operator.errors import ConflictError, PermanentError
 from torchflex_operator.kube.scheduling import SchedulingCalls
-from torchflex_operator.kube.transport import COMPONENT, TIMEOUT_S, as_refusal
+from torchflex_operator.kube.transport import COMPONENT, MERGE_PATCH, TIMEOUT_S, as_refusal
 from torchflex_operator.timestamps import format_time
 
 
@@ -161,6 +161,21 @@ class Kube(SchedulingCalls):
             f"delete pod {namespace}/{name}",
             lambda: self.core.delete_namespaced_pod(
                 name, namespace, body=opts, _request_timeout=TIMEOUT_S
+            ),
+        )
+
+    async def set_pod_annotation(
+        self, namespace: str, name: str, uid: str, key: str, value: str
+    ) -> bool:
+        """Merge-patch one annotation of exactly the pod with ``uid`` (the UID in the
+        patch is a precondition: 409 when a same-named replacement stands there);
+        False when that pod is gone. Idempotent: the same value twice changes nothing."""
+        body: Any = {"metadata": {"uid": uid, "annotations": {key: value}}}
+        return await self._ignore(
+            (404, 409),
+            f"annotate pod {namespace}/{name} {key}={value}",
+            lambda: self.core.patch_namespaced_pod(
+                name, namespace, body, _content_type=MERGE_PATCH, _request_timeout=TIMEOUT_S
             ),
         )
 
