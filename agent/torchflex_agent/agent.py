@@ -8,6 +8,8 @@ Where it sits: ``cli`` builds an ``ElasticAgent`` from the config and calls
                                   \\-> Leaving (SIGTERM, exit 75)
                                   \\-> Failed (restart budget spent, exit 1)
 
+A warm spare (``standby``) stays in Init, store open, until it is promoted.
+
 This module does the I/O of the loop: store connection, rendezvous calls,
 worker launch, reports. Once a round's workers run, ``supervise`` watches
 them and acts on what ``restart_policy`` decides (failures, fencing, leave).
@@ -60,6 +62,7 @@ from torchflex_agent.rdzv_logic import (
 )
 from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
 from torchflex_agent.restart_policy import GroupState, closed_job_exit
+from torchflex_agent.standby import WAITING_MESSAGE, is_standby, read_standby, wait_for_promotion
 from torchflex_agent.state_logic import keep_in_place, unblock_kept
 from torchflex_agent.state_shm import create_dir as create_state_dir
 from torchflex_agent.state_shm import hand_round, in_place_pids, mark_kept
@@ -348,9 +351,29 @@ class ElasticAgent:
             store.close()
         raise AgentExitError(ExitCode.BAD_COMMAND, problem)
 
+    def _stand_by(self) -> bool:
+        """A warm spare waits here until promoted; False if SIGTERM came first.
+
+        Everything that makes no member is done by now (fork server importing,
+        store open, master store and its torch import ready), so a promoted
+        spare only joins. Meanwhile the report stays ``Init`` at round -1, as a
+        pod waiting to join, with the standby line as its message.
+        """
+        if self.config.standby_file is None:
+            return True
+        path = Path(self.config.standby_file)
+        if not is_standby(read_standby(path)):
+            return True
+        self._update(message=WAITING_MESSAGE)
+        waited = wait_for_promotion(path, self._terminating)
+        self._update(message="")
+        return waited is not None
+
     def _run(self) -> ExitCode:
         store = self._open_store("startup")
         rdzv = Rendezvous(store, self.config.run_id, self._descriptor(), self._settings)
+        if not self._stand_by():
+            return ExitCode.PREEMPTED
         min_round = 0
         expected: int | None = None
         while True:

@@ -50,6 +50,8 @@ class AgentConfig:
     command: tuple[str, ...]
     prewarm: bool = True
     """Fork Python workers from a fork server that imported torch ahead of time."""
+    standby_file: str | None = None
+    """While this file reads ``true`` the agent is a warm spare: it does not join (``standby``)."""
 
     @property
     def store_name(self) -> str:
@@ -255,6 +257,14 @@ _FLAGS: tuple[_Flag, ...] = (
         "auto",
         "auto: fork Python workers from a process that imported torch ahead; off",
     ),
+    _Flag(
+        ("--standby-file",),
+        "standby_file",
+        tfenv.STANDBY_FILE,
+        "",
+        "while this file reads 'true', wait as a warm spare before joining (the pod's "
+        "standby annotation)",
+    ),
 )
 
 
@@ -306,6 +316,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         raise ConfigError("--liveness-timeout: must exceed twice --heartbeat-interval")
     if ns.prewarm not in ("auto", "off"):
         raise ConfigError(f"--prewarm: expected auto|off, got {ns.prewarm!r}")
+    if ns.standby_file and not ns.standby_file.strip():
+        raise ConfigError(f"--standby-file: expected a path, got {ns.standby_file!r}")
     return AgentConfig(
         min_nodes=lo,
         max_nodes=hi,
@@ -329,6 +341,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         tls_dir=ns.tls_dir or None,
         command=tuple(command),
         prewarm=ns.prewarm == "auto",
+        standby_file=ns.standby_file or None,
     )
 
 
