@@ -3,7 +3,8 @@
 Where it sits: the apply layer records every pod create and delete here; the
 reconciler overlays them on the cached pods before planning, so a pass that
 runs before the watch event arrives still sees the pod it just created (and
-never creates it twice) or the pod it just deleted as terminating. An
+never creates it twice) or the pod it just deleted as terminating (and a
+spare it just promoted as a member). An
 expectation ends when the cache catches up, or after a timeout (the cache
 may have missed an event; then the API's 409/404 keep us safe). Keyed by
 the job's ``JobKey`` (namespace, name), as the cache and work queue are. Pure.
@@ -26,6 +27,8 @@ class _JobExpectations:
     """pod name -> (synthetic pending view, when)"""
     deleted: dict[str, tuple[bool, dt.datetime]] = dataclasses.field(default_factory=dict)
     """pod uid -> (forced, when)"""
+    promoted: dict[str, dt.datetime] = dataclasses.field(default_factory=dict)
+    """pod uid -> when its standby annotation was patched to false (``spares``)"""
 
 
 class Expectations:
@@ -38,12 +41,15 @@ class Expectations:
     def expect_deleted(self, job: JobKey, uid: str, now: dt.datetime, *, forced: bool) -> None:
         self._jobs.setdefault(job, _JobExpectations()).deleted[uid] = (forced, now)
 
+    def expect_promoted(self, job: JobKey, uid: str, now: dt.datetime) -> None:
+        self._jobs.setdefault(job, _JobExpectations()).promoted[uid] = now
+
     def forget(self, job: JobKey) -> None:
         self._jobs.pop(job, None)
 
     def pending(self, job: JobKey) -> int:
         exp = self._jobs.get(job)
-        return 0 if exp is None else len(exp.created) + len(exp.deleted)
+        return 0 if exp is None else len(exp.created) + len(exp.deleted) + len(exp.promoted)
 
     def overlay(
         self,
@@ -81,6 +87,13 @@ class Expectations:
                 del exp.deleted[uid]
             elif seen is not None and not seen.terminating:
                 out = [dataclasses.replace(p, deletion=now) if p.uid == uid else p for p in out]
-        if not exp.created and not exp.deleted:
+        for uid, when in list(exp.promoted.items()):
+            # A pass before the watch shows the patch must not promote the pod again.
+            seen = by_uid.get(uid)
+            if seen is None or not seen.standby or now - when > TIMEOUT:
+                del exp.promoted[uid]
+            else:
+                out = [dataclasses.replace(p, standby=False) if p.uid == uid else p for p in out]
+        if not exp.created and not exp.deleted and not exp.promoted:
             del self._jobs[job]
         return out

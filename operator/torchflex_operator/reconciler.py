@@ -422,6 +422,7 @@ class Reconciler:
             await self.kube.set_pod_annotation(
                 namespace, spare.name, spare.uid, labels.Annotation.STANDBY.value, "false"
             )
+            self.expectations.expect_promoted(key, spare.uid, now)
         for reason in result.replacements:
             self.metrics.pods_replaced.labels(reason.value).inc()
         for victim in result.delete_pods:

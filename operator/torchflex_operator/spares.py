@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 from torchflex_contract import labels
 from torchflex_operator import builders, gang, pacing, rollout
 from torchflex_operator.actions import PodPromote
+from torchflex_operator.failures import classify
 from torchflex_operator.observed import PodView
-from torchflex_operator.vocabulary import EventReason, EventType
+from torchflex_operator.vocabulary import EventReason, EventType, Reason
 
 if TYPE_CHECKING:
     from torchflex_operator.planner import _Pass
@@ -103,19 +104,23 @@ def retire(p: _Pass) -> None:
 def _back_off(p: _Pass, failed: list[PodView]) -> None:
     """A newly failed spare starts the usual replacement backoff, uncounted."""
     accounted = list(p.s.accounted_pods or ())
-    fresh = [s for s in p.spares if s in failed and s.uid not in accounted]
-    if not fresh:
-        return
+    fresh = [s for s in failed if s.uid not in accounted]
+    hit = False
     for spare in fresh:
         accounted.append(spare.uid)
+        failure = classify(spare, p.obs)
+        if failure.reason is Reason.POD_DELETED:
+            continue  # deleted on purpose (out of range, out of date): no fault
+        hit = True
         p.plan.event(
             EventType.WARNING,
             EventReason.REPLACED_POD,
-            f"warm spare {spare.name} ended ({spare.terminated_reason or spare.phase}); "
+            f"warm spare {spare.name} ended ({failure.reason.value}); "
             "replacing it (not counted against backoffLimit)",
         )
     p.s = replace(p.s, accounted_pods=tuple(accounted[-p.settings.accounted_pods_kept :]))
-    p.back_off()
+    if hit:
+        p.back_off()
 
 
 def _order(pod: PodView) -> tuple[int, str]:

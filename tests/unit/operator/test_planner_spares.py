@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -32,6 +33,8 @@ from torchflex_contract.progress import AgentReport, AgentState
 from torchflex_operator import builders
 from torchflex_operator.actions import Plan, PodPromote
 from torchflex_operator.errors import InvalidSpecError
+from torchflex_operator.expectations import TIMEOUT as EXPECTATION_TIMEOUT
+from torchflex_operator.expectations import Expectations
 from torchflex_operator.kube import Kube
 from torchflex_operator.observed import PodView
 from torchflex_operator.planner import plan
@@ -274,6 +277,16 @@ def test_a_failed_spare_is_replaced_uncounted_after_the_backoff() -> None:
     assert (decided(later).failures, decided(later).replacement_streak) == (0, 1)
 
 
+def test_a_spare_deleted_on_purpose_ending_with_an_error_is_no_failure() -> None:
+    # SIGTERM from our own delete (out of range, scale-down): exit code and all, no fault.
+    gone = spare(3, "Failed", exit_code=1, uid="uid-s", deletion=NOW)
+    result = run(spec(2), running(2), worker(0), worker(1), gone)
+    status = decided(result)
+    assert status.backoff_until is None and not status.replacement_streak
+    assert EventReason.REPLACED_POD not in [e.reason for e in result.events]
+    assert [wn(2)] == [m["metadata"]["name"] for m in worker_creates(result).values()]
+
+
 # --- idempotence -------------------------------------------------------------------------
 
 
@@ -292,6 +305,21 @@ def test_a_second_pass_over_the_result_plans_nothing_new() -> None:
 
 def _no_clean(replicas: int) -> dict[str, Any]:
     return job_obj(replicas=replicas, warmSpares=1, cleanPodPolicy="None")
+
+
+def test_a_pass_before_the_watch_shows_the_patch_sees_the_spare_promoted() -> None:
+    exp = Expectations()
+    key = (NS, NAME)
+    exp.expect_promoted(key, "uid-2", NOW)
+    (view,) = exp.overlay(key, [spare(2)], NOW)
+    assert not view.standby and exp.pending(key) == 1
+    # Planned from that view, the pod is a member: no second patch.
+    assert not run(spec(3), running(3), worker(0), worker(1), view).promote_pods
+    (seen,) = exp.overlay(key, [worker(2)], NOW)  # the watch caught up
+    assert not seen.standby and exp.pending(key) == 0
+    exp.expect_promoted(key, "uid-2", NOW)
+    later = NOW + EXPECTATION_TIMEOUT + dt.timedelta(seconds=1)
+    assert exp.overlay(key, [spare(2)], later)[0].standby  # the patch was lost: try again
 
 
 # --- Kube: the promotion's patch -------------------------------------------------------------
