@@ -34,8 +34,12 @@ if TYPE_CHECKING:
 
 
 def wanted(p: _Pass) -> int:
-    """Spares the job keeps now: only room to grow (``maxReplicas - desired``) is filled."""
-    return max(0, min(p.job.warm_spares, p.job.max_replicas - p.job.desired))
+    """Spares the job keeps now: only room to grow (``maxReplicas - desired``) is filled;
+    in a Kueue queue, only room within the admitted count (Kueue's quota covers no more)."""
+    top = p.job.max_replicas
+    if p.obs.queue is not None:
+        top = min(top, p.obs.queue.count)
+    return max(0, min(p.job.warm_spares, top - p.job.desired))
 
 
 def promote(p: _Pass) -> None:

@@ -38,6 +38,7 @@ from torchflex_operator.expectations import Expectations
 from torchflex_operator.kube import Kube
 from torchflex_operator.observed import PodView
 from torchflex_operator.planner import plan
+from torchflex_operator.queueing import Admission, Gate
 from torchflex_operator.settings import Settings
 from torchflex_operator.spec import JobSpec
 from torchflex_operator.status import JobStatus
@@ -182,6 +183,15 @@ def test_spares_created_in_the_range_after_the_members(
     assert {i: is_spare_manifest(m) for i, m in made.items()} == created
     assert deleted(result) == gone
     assert not result.promote_pods
+
+
+@pytest.mark.parametrize(("admitted", "created"), [(4, [2, 3]), (3, [2]), (2, [])])
+def test_a_queued_job_keeps_spares_only_within_what_kueue_admitted(
+    admitted: int, created: list[int]
+) -> None:
+    gate = Gate(Admission.ADMITTED, "wl", "q", count=admitted)
+    result = run(spec(2, 2), running(2), worker(0), worker(1), queue=gate)
+    assert sorted(worker_creates(result)) == created
 
 
 def test_scale_up_promotes_the_spare_and_makes_the_next_one() -> None:
