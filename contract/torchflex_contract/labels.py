@@ -27,6 +27,10 @@ class Label(enum.StrEnum):
     ROLE = "torchflex.io/role"
     REPLICA_INDEX = "torchflex.io/replica-index"
     MANAGED_BY = "app.kubernetes.io/managed-by"
+    STANDBY = "torchflex.io/standby"
+    """On warm spares only, mirroring ``Annotation.STANDBY`` (``"true"``, set to
+    ``"false"`` by the same patch that promotes one): selectors such as the job's
+    PodDisruptionBudget can leave spares out (annotations select nothing)."""
 
 
 MANAGED_BY_VALUE: Final = "torchflex-operator"

@@ -230,6 +230,7 @@ def worker_pod(job: JobSpec, index: int, settings: Settings, *, spare: bool = Fa
     }
     if spare:
         annotations[Annotation.STANDBY.value] = env.STANDBY_TRUE
+        pod_labels[labels.Label.STANDBY.value] = env.STANDBY_TRUE
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -9,7 +9,9 @@ workers is refused (429) and the drain waits, while every worker above the
 minimum may go; the job shrinks in place, as it does for any lost worker.
 ``unhealthyPodEvictionPolicy: AlwaysAllow`` lets a drain take a worker that is
 not Ready (starting, or stuck) whatever the budget says: such a pod holds no
-training up, and the default would keep a broken pod's node forever.
+training up, and the default would keep a broken pod's node forever. Warm
+spares (label ``torchflex.io/standby: "true"``) are left out of the budget:
+they are not members, and a drain may take them freely.
 
 cluster-autoscaler keeps any node running a pod of a controller it does not
 know (``--skip-nodes-with-custom-controller-pods``, on by default; it knows
@@ -32,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from torchflex_contract.env import STANDBY_TRUE
 from torchflex_contract.labels import Label, Role
 from torchflex_operator.errors import NotOursError
 from torchflex_operator.manifests import Manifest, object_labels, owner_ref
@@ -53,6 +56,15 @@ def budget_name(job: JobSpec) -> str:
 def pod_disruption_budget(job: JobSpec) -> Manifest:
     """The job's PodDisruptionBudget: at least ``minReplicas`` Ready workers through
     any eviction, owned by the job."""
+    selector: Manifest = {
+        "matchLabels": {Label.JOB_NAME.value: job.name, Label.ROLE.value: Role.WORKER.value}
+    }
+    if job.warm_spares:
+        # A Ready warm spare is no member: counted, it would let a drain take the
+        # members below the minimum. Promoted pods read "false" and count again.
+        selector["matchExpressions"] = [
+            {"key": Label.STANDBY.value, "operator": "NotIn", "values": [STANDBY_TRUE]}
+        ]
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
@@ -65,9 +77,7 @@ def pod_disruption_budget(job: JobSpec) -> Manifest:
         "spec": {
             "minAvailable": job.min_replicas,
             # The workers only (the store and etcd pods are never drained: see above).
-            "selector": {
-                "matchLabels": {Label.JOB_NAME.value: job.name, Label.ROLE.value: Role.WORKER.value}
-            },
+            "selector": selector,
             "unhealthyPodEvictionPolicy": UNHEALTHY_POLICY,
         },
     }
@@ -100,9 +110,10 @@ def spec_patch(want: Mapping[str, Any], current: Mapping[str, Any]) -> Manifest 
     return {"spec": diff}
 
 
-def needs_write(job: JobSpec, written: int | None) -> bool:
+def needs_write(job: JobSpec, written: int | None, spares_written: bool = False) -> bool:
     """Whether this process must (re)write the job's budget: it has not written one
-    yet, or wrote another ``minAvailable`` (``minReplicas`` changed). Not on every
-    resync: an idle operator sends no request (a budget deleted by hand comes back
-    when ``minReplicas`` changes or the operator restarts)."""
-    return written != job.min_replicas
+    yet, or wrote another ``minAvailable`` (``minReplicas`` changed) or selector
+    (``spares_written``: the one leaving warm spares out, ``warmSpares`` turned on
+    or off). Not on every resync: an idle operator sends no request (a budget deleted
+    by hand comes back when ``minReplicas`` changes or the operator restarts)."""
+    return written != job.min_replicas or spares_written != bool(job.warm_spares)

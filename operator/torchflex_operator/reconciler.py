@@ -118,6 +118,8 @@ class Reconciler:
         self._budgets: dict[JobKey, int | None] = {}
         """The ``minAvailable`` this process wrote to each job's PodDisruptionBudget (None:
         deleted, the job finished)."""
+        self._budget_spares: dict[JobKey, bool] = {}
+        """Whether that budget's selector leaves warm spares out (``disruption``)."""
         self._budget_refused: dict[JobKey, str] = {}
         """The last reason a job's budget could not be written (said once in an Event)."""
         self.workloads = Workloads(kube, settings.queue_poll_s)
@@ -159,6 +161,7 @@ class Reconciler:
         self._posted.pop(key, None)
         self._gangs.pop(key, None)
         self._budgets.pop(key, None)
+        self._budget_spares.pop(key, None)
         self._budget_refused.pop(key, None)
         self.workloads.forget(key)
 
@@ -362,9 +365,12 @@ class Reconciler:
                         job.namespace, disruption.budget_name(job), job.uid
                     )
                     self._budgets[key] = None
-            elif disruption.needs_write(job, self._budgets.get(key)):
+            elif disruption.needs_write(
+                job, self._budgets.get(key), self._budget_spares.get(key, False)
+            ):
                 await self.kube.apply_disruption_budget(disruption.pod_disruption_budget(job))
                 self._budgets[key] = job.min_replicas
+                self._budget_spares[key] = bool(job.warm_spares)
                 self._budget_refused.pop(key, None)
         except (NotOursError, RefusedError, AccessDeniedError) as exc:
             message = f"PodDisruptionBudget {disruption.budget_name(job)} not written: {exc}"
@@ -419,8 +425,12 @@ class Reconciler:
                 role = manifest["metadata"]["labels"][labels.Label.ROLE]
                 self.metrics.pods_created.labels(role).inc()
         for spare in result.promote_pods:  # before creates' errors can cut the pass short
-            await self.kube.set_pod_annotation(
-                namespace, spare.name, spare.uid, labels.Annotation.STANDBY.value, "false"
+            await self.kube.set_pod_metadata(
+                namespace,
+                spare.name,
+                spare.uid,
+                new_labels={labels.Label.STANDBY.value: "false"},
+                new_annotations={labels.Annotation.STANDBY.value: "false"},
             )
             self.expectations.expect_promoted(key, spare.uid, now)
         for reason in result.replacements:

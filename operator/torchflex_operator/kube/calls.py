@@ -164,16 +164,24 @@ class Kube(SchedulingCalls):
             ),
         )
 
-    async def set_pod_annotation(
-        self, namespace: str, name: str, uid: str, key: str, value: str
+    async def set_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        *,
+        new_labels: Mapping[str, str],
+        new_annotations: Mapping[str, str],
     ) -> bool:
-        """Merge-patch one annotation of exactly the pod with ``uid`` (the UID in the
-        patch is a precondition: 409 when a same-named replacement stands there);
-        False when that pod is gone. Idempotent: the same value twice changes nothing."""
-        body: Any = {"metadata": {"uid": uid, "annotations": {key: value}}}
+        """Merge-patch these labels and annotations of exactly the pod with ``uid`` (the
+        UID in the patch is a precondition: 409 when a same-named replacement stands
+        there); False when that pod is gone. Idempotent: the same values twice change
+        nothing."""
+        meta = {"uid": uid, "labels": dict(new_labels), "annotations": dict(new_annotations)}
+        body: Any = {"metadata": meta}
         return await self._ignore(
             (404, 409),
-            f"annotate pod {namespace}/{name} {key}={value}",
+            f"patch pod {namespace}/{name} labels {new_labels} annotations {new_annotations}",
             lambda: self.core.patch_namespaced_pod(
                 name, namespace, body, _content_type=MERGE_PATCH, _request_timeout=TIMEOUT_S
             ),

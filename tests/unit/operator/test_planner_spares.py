@@ -1,5 +1,6 @@
 """Table tests of warm spares (``spec.warmSpares``) in the pure plan, and the
-one API call that promotes a spare (``Kube.set_pod_annotation``)."""
+one API call that promotes a spare (``Kube.set_pod_metadata``), and the
+PodDisruptionBudget that leaves spares out."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from tests.unit.operator.factories import (
 from torchflex_contract import env, labels
 from torchflex_contract.labels import Annotation, Role
 from torchflex_contract.progress import AgentReport, AgentState
-from torchflex_operator import builders
+from torchflex_operator import builders, disruption
 from torchflex_operator.actions import Plan, PodPromote
 from torchflex_operator.errors import InvalidSpecError
 from torchflex_operator.expectations import TIMEOUT as EXPECTATION_TIMEOUT
@@ -137,6 +138,8 @@ def test_members_carry_nothing_of_a_spare_and_keep_their_hash() -> None:
     hashes = {m["metadata"]["annotations"][Annotation.SPEC_HASH] for m in (member, made)}
     assert hashes == {builders.template_hash(spec(2))}
     assert PodView.from_pod(made).standby and not PodView.from_pod(member).standby
+    assert made["metadata"]["labels"][labels.Label.STANDBY] == env.STANDBY_TRUE
+    assert labels.Label.STANDBY not in member["metadata"]["labels"]
 
 
 # --- creating, promoting, deleting --------------------------------------------------
@@ -341,13 +344,16 @@ def _kube(api: ClientStandIn) -> Kube:
     return kube
 
 
-def test_promotion_is_a_merge_patch_of_one_annotation_with_a_uid_precondition() -> None:
+def test_promotion_is_a_merge_patch_of_the_standby_keys_with_a_uid_precondition() -> None:
     api = ClientStandIn(patch_namespaced_pod=lambda *_, **__: {})
     kube = _kube(api)
-    assert asyncio.run(kube.set_pod_annotation(NS, wn(2), "uid-2", Annotation.STANDBY, "false"))
+    standby = {"torchflex.io/standby": "false"}
+    assert asyncio.run(
+        kube.set_pod_metadata(NS, wn(2), "uid-2", new_labels=standby, new_annotations=standby)
+    )
     ((method, args, kwargs),) = api.calls
     assert method == "patch_namespaced_pod"
-    body = {"metadata": {"uid": "uid-2", "annotations": {"torchflex.io/standby": "false"}}}
+    body = {"metadata": {"uid": "uid-2", "labels": standby, "annotations": standby}}
     assert args == (wn(2), NS, body)
     assert kwargs["_content_type"] == "application/merge-patch+json"
 
@@ -355,7 +361,58 @@ def test_promotion_is_a_merge_patch_of_one_annotation_with_a_uid_precondition() 
 @pytest.mark.parametrize("code", [404, 409])
 def test_promoting_a_gone_or_replaced_pod_is_no_error(code: int) -> None:
     api = ClientStandIn(patch_namespaced_pod=raising(api_error(code)))
-    assert not asyncio.run(_kube(api).set_pod_annotation(NS, wn(2), "u", "k", "v"))
+    kube = _kube(api)
+    assert not asyncio.run(
+        kube.set_pod_metadata(NS, wn(2), "u", new_labels={"k": "v"}, new_annotations={})
+    )
+
+
+# --- the PodDisruptionBudget counts members only ----------------------------------------------
+
+
+def _selects(selector: dict[str, Any], pod: dict[str, Any]) -> bool:
+    have = pod["metadata"]["labels"]
+    if any(have.get(k) != v for k, v in selector["matchLabels"].items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        assert expr["operator"] == "NotIn"
+        if have.get(expr["key"]) in expr["values"]:
+            return False
+    return True
+
+
+def test_the_budget_of_a_job_with_spares_selects_members_and_promoted_pods_only() -> None:
+    pdb = disruption.pod_disruption_budget(spec(2))
+    selector = pdb["spec"]["selector"]
+    member = builders.worker_pod(spec(2), 0, Settings())
+    made = builders.worker_pod(spec(2), 2, Settings(), spare=True)
+    promoted = {**made, "metadata": {**made["metadata"], "labels": {**made["metadata"]["labels"]}}}
+    promoted["metadata"]["labels"][labels.Label.STANDBY] = "false"
+    assert (_selects(selector, member), _selects(selector, made)) == (True, False)
+    assert _selects(selector, promoted)
+    # Without spares the budget is what it always was (no expression to patch in).
+    assert (
+        "matchExpressions" not in disruption.pod_disruption_budget(spec(2, 0))["spec"]["selector"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("warm", "written", "spares_written", "needed"),
+    [(1, 2, False, True), (1, 2, True, False), (0, 2, True, True), (0, 2, False, False)],
+)
+def test_the_budget_is_written_again_when_spares_turn_on_or_off(
+    warm: int, written: int, spares_written: bool, needed: bool
+) -> None:
+    assert disruption.needs_write(spec(2, warm), written, spares_written) is needed
+
+
+def test_turning_spares_on_patches_the_budgets_selector() -> None:
+    old = disruption.pod_disruption_budget(spec(2, 0))
+    want = disruption.pod_disruption_budget(spec(2, 1))
+    patch = disruption.spec_patch(want, old)
+    assert patch == {"spec": {"selector": want["spec"]["selector"]}}
+    back = disruption.spec_patch(old, want)  # and off again: the expression goes
+    assert back == {"spec": {"selector": {"matchExpressions": None, **old["spec"]["selector"]}}}
 
 
 def test_status_round_trips_warm_spares() -> None:
