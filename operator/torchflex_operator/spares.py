@@ -109,6 +109,8 @@ def _back_off(p: _Pass, failed: list[PodView]) -> None:
     """A newly failed spare starts the usual replacement backoff, uncounted."""
     accounted = list(p.s.accounted_pods or ())
     fresh = [s for s in failed if s.uid not in accounted]
+    if not fresh:
+        return
     hit = False
     for spare in fresh:
         accounted.append(spare.uid)
