@@ -11,7 +11,10 @@ only containers show, then trains to ``Succeeded``:
 - ``/dev/shm`` is the operator's memory-backed emptyDir (``spec.sharedMemory``),
   and a DataLoader with worker processes moves more through it than a
   runtime's default 64 MiB holds;
-- ``kubectl scale`` up: the group re-forms with three;
+- a warm spare (``spec.warmSpares: 1``): a third pod whose agent waits out of
+  the rendezvous; ``kubectl scale`` up promotes that very pod (the kubelet
+  projects the operator's annotation patch into its downward-API file) and
+  the group re-forms with three;
 - a worker container SIGKILLed by containerd (as an OOM kill or a runtime
   crash does): the survivors re-form, the operator replaces the pod;
 - the Eviction API (a spot reclaim): the evicted pod's agent gets SIGTERM,
@@ -82,6 +85,7 @@ def _job(image: PushedImage, ckpt: Path) -> dict[str, Any]:
             "minReplicas": 1,
             "maxReplicas": 3,
             "replicas": 2,
+            "warmSpares": 1,
             "nprocPerNode": 1,
             "backoffLimit": 3,
             "template": {
@@ -200,6 +204,7 @@ def test_an_elasticjob_of_agent_image_pods_trains_through_kill_scale_and_evictio
 
     # Two workers train (the first pull of the agent image is in this wait).
     job.wait_world(2, -1, 600)
+    spare_name = labels.worker_pod_name(JOB, 2)
     store = cluster.get_json("pod", labels.store_pod_name(JOB), "-n", release.namespace)
     assert store["spec"]["nodeName"] == real_node.name
     pod0 = job.pod(0)
@@ -225,10 +230,27 @@ def test_an_elasticjob_of_agent_image_pods_trains_through_kill_scale_and_evictio
     rc, out = job.exec(0, f"python -c '{DATALOADER}'")
     assert rc == 0 and "dataloader ok 8" in out, out
 
-    # kubectl scale up: three train.
+    # The warm spare: worker 2 runs, its agent waits out of the rendezvous.
+    wait_for(
+        lambda: "standby: warm spare" in job.kubectl("logs", spare_name, check=False).stdout,
+        300,
+        f"{spare_name} waiting as a warm spare",
+        interval_s=1.0,
+    )
+    spare = job.pod(2)
+    assert spare["metadata"]["annotations"][labels.Annotation.STANDBY.value] == "true"
+    assert job.status().get("warmSpares") == 1, job.status()
+
+    # kubectl scale up: the spare itself is promoted and three train.
     before = job.current_round(0)
     job.kubectl("scale", f"ej/{JOB}", "--replicas=3")
     job.wait_world(3, before, 240)
+    promoted = job.pod(2)
+    assert promoted["metadata"]["uid"] == spare["metadata"]["uid"], (
+        "a new pod joined, not the spare"
+    )
+    assert promoted["metadata"]["annotations"][labels.Annotation.STANDBY.value] == "false"
+    assert "promoted after" in job.kubectl("logs", spare_name).stdout
 
     # A worker container killed: the survivors re-form and the pod is replaced.
     victim = job.pod(2)
