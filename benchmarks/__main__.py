@@ -22,6 +22,7 @@ BENCHMARKS: tuple[str, ...] = (
     "recovery",
     "preemption",
     "goodput",
+    "state_commit",
     "recovery_cluster",
     "operator_scale",
     "autoscaler",

@@ -16,6 +16,7 @@ MAINS = (
     "recovery",
     "preemption",
     "goodput",
+    "state_commit",
     "recovery_cluster",
     "operator_scale",
     "autoscaler",
