@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from typing import Any
 import pytest
 import yaml
 
+from benchmarks._cluster_logs import agent_stamp, all_at_world, parse_events
 from e2e.cluster import Cluster
 from e2e.realnode import RealNode
 from e2e.realnode.imagebuild import PushedImage
@@ -75,6 +77,8 @@ def _job(image: PushedImage, ckpt: Path) -> dict[str, Any]:
         "workingDir": "/workspace",
         "command": ["python", "examples/train_elastic.py", "--steps", str(STEPS)],
         "args": ["--step-time", "0.1", "--ckpt-dir", CKPT_MOUNT, "--ckpt-every", "20"],
+        # Step lines end with the worker's wall clock (t=): the join is timed from them.
+        "env": [{"name": "TRAIN_PRINT_TIME", "value": "1"}],
         "volumeMounts": [{"name": "ckpt", "mountPath": CKPT_MOUNT}],
     }
     return {
@@ -148,6 +152,26 @@ class Job:
             "--", "sh", "-c", script, check=False,
         )  # fmt: skip
         return out.returncode, out.stdout + out.stderr
+
+
+def _print_join(job: Job, spare_name: str, t_scale: float) -> None:
+    """How long the promotion took on a real kubelet (printed, never asserted: a figure)."""
+
+    def joined() -> float | None:
+        logs = [job.kubectl("logs", labels.worker_pod_name(JOB, i)).stdout for i in range(3)]
+        return all_at_world({str(i): parse_events(t.splitlines()) for i, t in enumerate(logs)},
+                            t_scale, 3)  # fmt: skip
+
+    wait_for(lambda: joined() is not None, 120, "all 3 pods step at world 3", interval_s=1.0)
+    done = joined()
+    assert done is not None
+    spare_log = job.kubectl("logs", spare_name).stdout.splitlines()
+    promoted = [t for ln in spare_log if "promoted after" in ln and (t := agent_stamp(ln))]
+    assert promoted, "the spare's agent never logged its promotion"
+    print(
+        f"real node: kubectl scale -> spare promoted {promoted[0] - t_scale:.2f} s, "
+        f"-> all 3 pods step at world 3 {done - t_scale:.2f} s"
+    )
 
 
 def _container_kill(node: RealNode, pod: dict[str, Any]) -> None:
@@ -243,8 +267,10 @@ def test_an_elasticjob_of_agent_image_pods_trains_through_kill_scale_and_evictio
 
     # kubectl scale up: the spare itself is promoted and three train.
     before = job.current_round(0)
+    t_scale = time.time()
     job.kubectl("scale", f"ej/{JOB}", "--replicas=3")
     job.wait_world(3, before, 240)
+    _print_join(job, spare_name, t_scale)
     promoted = job.pod(2)
     assert promoted["metadata"]["uid"] == spare["metadata"]["uid"], (
         "a new pod joined, not the spare"
