@@ -176,8 +176,8 @@ def what_is_measured(*, ranks: int, step_time: float, rounds: int, probe_every: 
         f"another in {rounds} round(s), the order rotated each round, so slow spells of a "
         f"shared machine fall on every mode; the spread across rounds is shown beside the "
         f"pooled figure. `sharded=True` looks for its copy in the successor's folder on every "
-        f"{probe_every}th step only (polling its header after `commit`); those steps and the "
-        f"ones after them are left out of the step times."
+        f"{probe_every}th step only (polling its header after `commit`); in every mode those "
+        f"steps and the ones after them are left out of the step times."
     )
 
 

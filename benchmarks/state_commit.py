@@ -184,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_subset("--modes", rep.MODES)
     cli.add_argument("--ranks", type=positive_int, default=3, help="gloo ranks (default 3)")
     cli.add_argument("--steps", type=positive_int, default=None,
-                     help="timed steps per mode and round, after a warm-up of "
-                          f"{_WARMUP} (default 200; 40 with --quick)")  # fmt: skip
+                     help=f"steps per mode and round after a warm-up of {_WARMUP}; every "
+                          f"{PROBE_EVERY}th and the one after are not timed "
+                          "(default 200; 40 with --quick)")  # fmt: skip
     cli.add_argument("--step-time", type=positive_float, default=0.1,
                      help="the fixed sleep standing in for the work, s (default 0.1)")  # fmt: skip
     bench = cli.parse(given)
