@@ -197,6 +197,15 @@ def event_reasons(cluster: Cluster, ns: str, name: str) -> list[str]:
     return [str(e.get("reason")) for e in job_events(cluster, ns, name)]
 
 
+def wait_event(cluster: Cluster, ns: str, name: str, reason: str, timeout_s: float = 30) -> None:
+    """Wait until the job has an Event of ``reason``. The operator posts a pass's
+    Events after the status write that carries them, so a phase or a world size
+    seen in status or logs can come a moment before its Event."""
+    wait_for(
+        lambda: reason in event_reasons(cluster, ns, name), timeout_s, f"a {reason} Event on {name}"
+    )
+
+
 def checkpoint_step(ckpt_dir: Path) -> int:
     """The step the newest checkpoint holds (0 if none), read with torch like the job does."""
     import torch

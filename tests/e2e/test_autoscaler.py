@@ -13,6 +13,7 @@ and watches what the autoscaler does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import pytest
 from e2e.autoscaler import autoscaler
 from e2e.autoscaler.cloud import TestCloud
 from e2e.autoscaler.groups import Groups, GroupSpec
-from e2e.cluster import Cluster
+from e2e.cluster import Cluster, processes
 from e2e.polling import poll_until
 from e2e.trainlog import LogFollower
 from e2e.workload import TrainingJob, apply, get_job, worker_pods
@@ -49,7 +50,7 @@ def cloud(cluster: Cluster) -> Iterator[TestCloud]:
         yield cloud
     finally:
         autoscaler.stop(cluster)
-        print(f"--- cluster-autoscaler log, last lines ---\n{autoscaler.log_tail(cluster)}")
+        _print_story(cluster, cloud)
         cloud.stop()
 
 
@@ -60,6 +61,21 @@ def _manifest(ckpt_dir: Path) -> dict[str, Any]:
     del pod_spec["nodeSelector"]  # any node: the cluster's own, or the cloud's
     pod_spec["containers"][0]["resources"] = {"requests": {"cpu": WORKER_CPU}}
     return manifest
+
+
+def _print_story(cluster: Cluster, cloud: TestCloud) -> None:
+    """What the cloud, the autoscaler and each cloud node's kubelet did (pytest shows it
+    when the test fails): the autoscaler's scale-up/down decisions, not only its last
+    lines, which repeat its scan every second."""
+    print(f"--- test cloud timeline ---\n{cloud.timeline}")
+    decisions = re.compile(r"scale-up|Scale-up|Scale-down|unneeded|unregistered|unready|NotReady")
+    text = processes.exit_status_hint(cluster.layout.logs, autoscaler.NAME, 100_000)
+    picked = [ln for ln in text.splitlines() if decisions.search(ln)][-40:]
+    print("--- cluster-autoscaler decisions ---\n" + "\n".join(picked))
+    print(f"--- cluster-autoscaler log, last lines ---\n{autoscaler.log_tail(cluster, 10)}")
+    for log in sorted(cluster.layout.logs.glob("cloud-*.log")):
+        tail = processes.exit_status_hint(cluster.layout.logs, log.stem, 15)
+        print(f"--- {log.name}, last lines ---\n{tail}")
 
 
 def _events(cloud: TestCloud, what: str) -> list[str]:

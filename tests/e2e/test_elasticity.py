@@ -25,6 +25,7 @@ from tests.e2e.checks import (
     checkpoint_step,
     current_round,
     event_reasons,
+    wait_event,
     wait_phase,
     wait_training,
     wait_world,
@@ -188,7 +189,7 @@ def test_below_min_replicas_fails_after_timeout_with_reason(
     assert failed[0]["reason"] == "MinAvailableTimeout"
     assert "minReplicas" in failed[0]["message"] or "min" in failed[0]["message"].lower()
     assert waited > 5, "failed before the timeout could have elapsed"
-    assert "Failed" in event_reasons(cluster, namespace, "starved")
+    wait_event(cluster, namespace, "starved", "Failed")
 
 
 def test_user_bug_restarts_in_pod_then_fails_with_the_error(

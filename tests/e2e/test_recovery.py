@@ -27,9 +27,9 @@ from tests.e2e.checks import (
     assert_progress_sound,
     checkpoint_step,
     current_round,
-    event_reasons,
     start_etcd_pod,
     uid_of,
+    wait_event,
     wait_phase,
     wait_recreated,
     wait_reformed,
@@ -76,7 +76,7 @@ def test_sigkilled_agent_survivors_reform_and_group_grows_back(
     status = get_job(cluster, namespace, "kill")["status"]
     assert status["replacements"] >= 1
     assert status["lastFailure"]["pod"] == victim
-    assert "ReplacedPod" in event_reasons(cluster, namespace, "kill")
+    wait_event(cluster, namespace, "kill", "ReplacedPod")
 
 
 def test_store_pod_killed_is_recreated_and_training_resumes(
@@ -108,7 +108,7 @@ def test_store_pod_killed_is_recreated_and_training_resumes(
     wait_training(follower, resumed_step, 120, world=2, after=t_kill)
     wait_phase(cluster, namespace, "store", "Succeeded", 300)
     assert checkpoint_step(ckpt_dir) == 150
-    assert "RendezvousHostLost" in event_reasons(cluster, namespace, "store")
+    wait_event(cluster, namespace, "store", "RendezvousHostLost")
     assert resumed_step >= 20, f"resumed from step {resumed_step}, behind the checkpoints"
 
 

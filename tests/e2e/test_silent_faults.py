@@ -32,6 +32,7 @@ from tests.e2e.checks import (
     event_reasons,
     pod_of_rank,
     uid_of,
+    wait_event,
     wait_phase,
     wait_recreated,
     wait_reformed,
@@ -120,7 +121,7 @@ def test_silent_member_is_replaced_and_the_group_grows_back(
     assert checkpoint_step(ckpt_dir) == steps
     status = get_job(cluster, namespace, name)["status"]
     assert status["replacements"] >= 1
-    assert "FencedPod" in event_reasons(cluster, namespace, name)
+    wait_event(cluster, namespace, name, "FencedPod")
 
 
 @pytest.mark.usefixtures("operator_proc")

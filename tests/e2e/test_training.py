@@ -17,8 +17,8 @@ from e2e.workload import TrainingJob, apply, get_job, worker_pods
 from tests.e2e.checks import (
     assert_progress_sound,
     checkpoint_step,
-    event_reasons,
     start_etcd_pod,
+    wait_event,
     wait_phase,
 )
 from tests.support import wait_for
@@ -52,7 +52,7 @@ def test_job_trains_to_the_end_and_cleans_up(
     status = get_job(cluster, namespace, "train")["status"]
     assert status["worldSize"] == 3
     assert status["failures"] == 0
-    assert "Succeeded" in event_reasons(cluster, namespace, "train")
+    wait_event(cluster, namespace, "train", "Succeeded")
     # cleanPodPolicy Running: nothing is left running; finished pods stay for logs.
     wait_for(
         lambda: all(

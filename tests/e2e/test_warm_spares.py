@@ -23,7 +23,7 @@ from e2e.workload import TrainingJob, apply, get_job, worker_pods
 from tests.e2e.checks import (
     assert_progress_sound,
     current_round,
-    event_reasons,
+    wait_event,
     wait_training,
     wait_world,
 )
@@ -98,7 +98,7 @@ def test_scale_up_promotes_the_warm_spare_and_scale_down_makes_a_new_one(
     assert promoted is not None
     assert promoted["metadata"]["uid"] == spare_uid, "the spare itself must join, not a new pod"
     assert _standby(promoted) == "false"
-    assert "SparePromoted" in event_reasons(cluster, namespace, JOB)
+    wait_event(cluster, namespace, JOB, "SparePromoted")
     # At maxReplicas there is no room left to grow into: no spare.
     wait_for(
         lambda: not get_job(cluster, namespace, JOB)["status"].get("warmSpares"),
