@@ -471,6 +471,7 @@ class ElasticAgent:
             self._nproc,
             self._error_dir,
             self._state_dir,
+            self.config.teardown_grace,
         )
         self._ensure_fork_server()
         env = {**self._environ, **self._lease.worker_env(result.round)}

@@ -52,6 +52,10 @@ class AgentConfig:
     """Fork Python workers from a fork server that imported torch ahead of time."""
     standby_file: str | None = None
     """While this file reads ``true`` the agent is a warm spare: it does not join (``standby``)."""
+    teardown_grace: float = tfenv.DEFAULT_TEARDOWN_GRACE_S
+    """Seconds a worker whose script returned may take to exit (then: stacks, SIGKILL)."""
+    completion_grace: float = tfenv.DEFAULT_COMPLETION_GRACE_S
+    """Seconds workers may run on once another member finished the job (then: stacks, end)."""
 
     @property
     def store_name(self) -> str:
@@ -230,6 +234,22 @@ _FLAGS: tuple[_Flag, ...] = (
         "seconds workers get to exit when a round ends, before SIGKILL",
     ),
     _Flag(
+        ("--teardown-grace",),
+        "teardown_grace",
+        tfenv.TEARDOWN_GRACE,
+        str(tfenv.DEFAULT_TEARDOWN_GRACE_S),
+        "seconds a worker whose script returned may take to exit before its stack is "
+        "recorded and it is killed (its exit code stays the script's)",
+    ),
+    _Flag(
+        ("--completion-grace",),
+        "completion_grace",
+        tfenv.COMPLETION_GRACE,
+        str(tfenv.DEFAULT_COMPLETION_GRACE_S),
+        "seconds workers may run on after another member finished the job before their "
+        "stacks are recorded and they are ended",
+    ),
+    _Flag(
         ("--heartbeat-interval",),
         "heartbeat_interval",
         tfenv.HEARTBEAT_INTERVAL,
@@ -342,6 +362,10 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         command=tuple(command),
         prewarm=ns.prewarm == "auto",
         standby_file=ns.standby_file or None,
+        teardown_grace=_number("--teardown-grace", float, 0.0, MAX_SECONDS)(ns.teardown_grace),
+        completion_grace=_number("--completion-grace", float, 1.0, MAX_SECONDS)(
+            ns.completion_grace
+        ),
     )
 
 

@@ -58,6 +58,8 @@ _STALE_WAIT_SLICE = 1.0
 _PRESENCE_CONNECT_TIMEOUT = 2.0
 _PRESENCE_POLL = 0.5
 _STOP_JOIN = 0.3
+# How often a running member looks whether the job completed elsewhere (one read).
+_COMPLETION_CHECK_S = 1.0
 
 
 # The presence holder's program (stdlib only, run by ``sys.executable -c``): accept
@@ -191,6 +193,7 @@ class RoundMonitor:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._event: RoundEvent | None = None
+        self._job_completed_at: float | None = None
         self._threads: list[threading.Thread] = []
         self._conn: socket.socket | None = None
 
@@ -198,6 +201,27 @@ class RoundMonitor:
     def event(self) -> RoundEvent | None:
         with self._lock:
             return self._event
+
+    @property
+    def job_completed_at(self) -> float | None:
+        """Unix time this monitor first saw the job closed as succeeded (by a member that
+        finished), None until then: the completion grace's clock (``supervise``)."""
+        with self._lock:
+            return self._job_completed_at
+
+    def _watch_completion(self, rdzv: Rendezvous, beats: int) -> None:
+        """Every ~second of heartbeats, look whether another member finished the job."""
+        every = max(1, round(_COMPLETION_CHECK_S / max(self._settings.heartbeat_interval, 1e-3)))
+        if beats % every or self.job_completed_at is not None:
+            return
+        try:
+            closure = rdzv.job_closure()
+        except RendezvousError:  # unreadable: not proof the job completed
+            return
+        if closure is not None and closure[0] == "succeeded":
+            with self._lock:
+                self._job_completed_at = time.time()
+            self._wake.set()
 
     def _report(self, event: RoundEvent) -> None:
         with self._lock:
@@ -253,10 +277,13 @@ class RoundMonitor:
         succ = self._result.successor
         tracker = ProgressTracker(self._settings.timeout)
         stale = False
+        beats = 0
         try:
             while not self._stop.is_set():
                 since = self._clock()
                 rdzv.beat(round_no, me)
+                beats += 1
+                self._watch_completion(rdzv, beats)
                 stale = stale or rdzv.is_stale(round_no)
                 declared = stale and me in {r for r, _ in rdzv.lost(round_no)}
                 if self._lease is not None and not declared:

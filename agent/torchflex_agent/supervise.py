@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import NoReturn, assert_never
 
@@ -40,7 +41,7 @@ from torchflex_agent.restart_policy import (
 )
 from torchflex_agent.workers import WorkerGroup, first_failure
 from torchflex_contract.exit_codes import ExitCode
-from torchflex_contract.progress import AgentState, RestartReason
+from torchflex_contract.progress import AgentState, HangKind, RestartReason
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,13 @@ class RoundSupervisor:
     """Whether the round ``supervise`` last watched ended with every local worker
     exited 0 (``restart_policy.closed_job_exit``)."""
 
+    _hang_reported: bool = False
+
     def supervise(
         self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, monitor: RoundMonitor
     ) -> RestartReason:
         self.workers_succeeded = False
+        self._hang_reported = False
         while True:
             self.wake.wait(self.config.monitor_interval)
             self.wake.clear()
@@ -116,6 +120,11 @@ class RoundSupervisor:
                 log.warning("round %d: store lost: %s", result.round, event.detail)
                 self.update(store_error=event.detail)
             state, failures = group.poll()
+            if state is GroupState.RUNNING:
+                state = self._end_completion_hang(result, group, monitor)
+            if group.hang is not None and not self._hang_reported:
+                self._hang_reported = True
+                self.update(hang=group.hang)
             self.workers_succeeded = state is GroupState.SUCCEEDED
             if state is GroupState.SUCCEEDED and stale is None:
                 # The stale watcher may lag the workers by a round trip; a
@@ -158,6 +167,33 @@ class RoundSupervisor:
                     self.update(root_cause=failure.cause)
                 return self._on_failure(rdzv, result, group, failure.describe())
             assert_never(action)  # mypy: every Action has its branch above
+
+    def _end_completion_hang(
+        self, result: RendezvousResult, group: WorkerGroup, monitor: RoundMonitor
+    ) -> GroupState:
+        """Past the completion grace, end workers still running after the job completed.
+
+        Another member finished the job (its workers all exited 0 and it
+        closed the rendezvous as succeeded) ``completion_grace`` seconds ago
+        and ours still run: their stacks go to the log and the report, and
+        they are ended. Tearing down (``hangs.in_teardown``) they did their
+        work: the group succeeded. Anything else was still in the script's
+        own code: this member fails, naming the hang.
+        """
+        completed_at = monitor.job_completed_at
+        if completed_at is None or time.time() - completed_at < self.config.completion_grace:
+            return GroupState.RUNNING
+        hang = group.end_hung(completed_at)
+        if hang is None:  # they exited meanwhile
+            return group.poll()[0]
+        self._hang_reported = True
+        if hang.kind is HangKind.TEARDOWN:
+            self.update(hang=hang)
+            return GroupState.SUCCEEDED
+        text = f"{hang.summary()} (completion grace {self.config.completion_grace:g} s)"
+        self.update(hang=hang, message=text)
+        log.warning("round %d: %s", result.round, text)
+        raise AgentExitError(ExitCode.USER_ERROR, text)
 
     def _fence(
         self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, why: str

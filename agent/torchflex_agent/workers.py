@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 import dataclasses
 import errno
+import json
 import logging
 import os
 import shlex
@@ -48,13 +49,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
-from torchflex_agent import rootcause
+from torchflex_agent import hangs, rootcause
 from torchflex_agent.errors import CommandNotRunnableError, LaunchError, SpawnFailedError
 from torchflex_agent.prewarm import ForkServer, ZygoteGoneError, python_launch
 from torchflex_agent.rdzv_logic import RendezvousResult
 from torchflex_agent.restart_policy import GroupState
 from torchflex_contract import env as tfenv
-from torchflex_contract.progress import RootCause
+from torchflex_contract.progress import HangKind, HangReport, RootCause
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class LaunchContext:
     error_dir: Path
     state_dir: Path | None = None
     """The agent's in-memory folder for the state API's copies (``state_shm``)."""
+    teardown_grace: float = tfenv.DEFAULT_TEARDOWN_GRACE_S
+    """Seconds a worker whose script returned may take to exit (``finished_file``)."""
 
 
 def worker_env(
@@ -105,6 +108,8 @@ def worker_env(
             "TORCHELASTIC_ERROR_FILE": str(error_file(ctx, result.round, rank)),
             tfenv.ERROR_FILE: str(error_file(ctx, result.round, rank)),
             tfenv.PROGRESS_FILE: str(progress_file(ctx.error_dir)),
+            tfenv.FINISHED_FILE: str(finished_file(ctx, result.round, rank)),
+            tfenv.STACK_FILE: str(stack_file(ctx, result.round, rank)),
         }
     )
     if ctx.state_dir is not None:
@@ -210,6 +215,23 @@ def launch_error(cmd: Sequence[str], exc: OSError) -> LaunchError:
 
 def error_file(ctx: LaunchContext, round_no: int, rank: int) -> Path:
     return ctx.error_dir / f"round_{round_no}" / f"rank_{rank}" / "error.json"
+
+
+def finished_file(ctx: LaunchContext, round_no: int, rank: int) -> Path:
+    return error_file(ctx, round_no, rank).with_name("finished.json")
+
+
+def stack_file(ctx: LaunchContext, round_no: int, rank: int) -> Path:
+    return error_file(ctx, round_no, rank).with_name("stacks.txt")
+
+
+def read_finished(path: Path) -> tuple[int, float] | None:
+    """(exit code, unix time) a worker's bootstrap wrote when its script returned."""
+    try:
+        data = json.loads(path.read_text())
+        return int(data["code"]), float(data["timestamp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def progress_file(error_dir: Path) -> Path:
@@ -326,6 +348,13 @@ class WorkerGroup:
         """Per local rank: its stderr copier, which keeps the tail."""
         self._failed: dict[int, WorkerFailure] = {}
         """Per local rank, once read: an exited worker's failure does not change."""
+        self._files: list[tuple[Path, Path]] = []
+        """Per local rank: its finished and stack files (fixed at start: a kept
+        worker's environment cannot change)."""
+        self._ended: dict[int, int] = {}
+        """Per local rank: the exit code of a worker ended after a teardown hang."""
+        self.hang: HangReport | None = None
+        """The first worker of this group ended because it would not exit."""
         self.forked = 0
         """How many of this round's workers came from the fork server."""
 
@@ -348,6 +377,10 @@ class WorkerGroup:
             efile = Path(env["TORCHELASTIC_ERROR_FILE"])
             efile.parent.mkdir(parents=True, exist_ok=True)
             efile.unlink(missing_ok=True)
+            files = (Path(env[tfenv.FINISHED_FILE]), Path(env[tfenv.STACK_FILE]))
+            for path in files:
+                path.unlink(missing_ok=True)
+            self._files.append(files)
             forked = self._fork(env)
             if forked is not None:
                 proc, stdout, stderr = forked
@@ -413,7 +446,9 @@ class WorkerGroup:
         failures = []
         running = False
         for local_rank, proc in enumerate(self._procs):
-            code = proc.poll()
+            code = self._ended.get(local_rank, proc.poll())
+            if code is None:
+                code = self._end_if_hung_in_teardown(local_rank, proc)
             if code is None:
                 running = True
             elif code != 0:
@@ -424,6 +459,74 @@ class WorkerGroup:
         if failures:
             return GroupState.FAILED, failures
         return (GroupState.RUNNING if running else GroupState.SUCCEEDED), []
+
+    def _end_if_hung_in_teardown(self, local_rank: int, proc: _Proc) -> int | None:
+        """The script's exit code if this worker hung in teardown (now ended), else None.
+
+        Its script returned ``teardown_grace`` seconds ago or more and the
+        process is still there: record its stacks, SIGKILL it, and take the
+        code the script ended with (the work is done; only the process would
+        not end). Checked on the worker's own file, so never before it returned.
+        """
+        if local_rank >= len(self._files):
+            return None
+        finished = read_finished(self._files[local_rank][0])
+        if finished is None:
+            return None
+        code, at = finished
+        late = time.time() - at
+        if late < self._ctx.teardown_grace:
+            return None
+        stack = hangs.capture(proc.pid, self._files[local_rank][1])
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5.0)
+        rank = self._result.rank_offset + local_rank
+        log.warning(
+            "round %d: rank %d hung in teardown %.0f s after its script returned %d; "
+            "killed it; its stacks:\n%s",
+            self._result.round, rank, late, code, stack or "(none could be read)",
+        )  # fmt: skip
+        self._ended[local_rank] = code
+        if self.hang is None:
+            self.hang = HangReport(HangKind.TEARDOWN, rank, late, self._result.round, stack)
+        return code
+
+    def end_hung(self, since: float) -> HangReport | None:
+        """End every worker still running (a completion hang); None if none ran.
+
+        ``since``: unix time the job completed on another member. Each running
+        worker's stacks are captured first; the report is about the lowest
+        rank, ``TEARDOWN`` when every one of them was tearing down
+        (``hangs.in_teardown``), else ``COMPLETION``.
+        """
+        stacks: list[tuple[int, str]] = []
+        hung: list[int] = []
+        for local_rank, proc in enumerate(self._procs):
+            if local_rank in self._ended or proc.poll() is not None:
+                continue
+            path = self._files[local_rank][1] if local_rank < len(self._files) else None
+            stacks.append((self._result.rank_offset + local_rank, hangs.capture(proc.pid, path)))
+            hung.append(local_rank)
+        if not stacks:
+            return None
+        self.signal(signal.SIGKILL)
+        self.wait(5.0)
+        teardown = all(hangs.in_teardown(stack) for _rank, stack in stacks)
+        kind = HangKind.TEARDOWN if teardown else HangKind.COMPLETION
+        for rank, stack in stacks:
+            log.warning(
+                "round %d: rank %d still running %.0f s after the job completed (%s); "
+                "killed it; its stacks:\n%s",
+                self._result.round, rank, time.time() - since, kind.value,
+                stack or "(none could be read)",
+            )  # fmt: skip
+        rank, stack = stacks[0]
+        self.hang = HangReport(kind, rank, time.time() - since, self._result.round, stack)
+        if teardown:
+            self._ended.update(dict.fromkeys(hung, 0))
+        return self.hang
 
     def _failure(self, local_rank: int, code: int, drain: float) -> WorkerFailure:
         rank = self._result.rank_offset + local_rank

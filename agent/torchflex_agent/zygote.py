@@ -33,6 +33,14 @@ in the worker's error file, named by ``TORCHFLEX_ERROR_FILE``
 (``torchflex_contract.env.ERROR_FILE``): type, message, the innermost frames
 and the time, bounded, so the agent can report the root cause of a failure
 without the script doing anything (``rootcause`` reads it).
+
+Two more files let the agent see a worker that finished its work but not its
+process (a hang in teardown, e.g. in torch's process-group destructor):
+``TORCHFLEX_FINISHED_FILE`` is written the moment the script's code has
+returned (its exit code and the time), before the worker's own teardown; and
+``faulthandler`` is armed on ``STACK_SIGNAL`` to append every thread's Python
+stack to ``TORCHFLEX_STACK_FILE`` when the agent asks (async-signal-safe: it
+answers even while the main thread is stuck in C++ holding the GIL).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import ast
 import atexit
 import contextlib
 import ctypes
+import faulthandler
 import gc
 import importlib
 import json
@@ -60,6 +69,10 @@ _PR_SET_PDEATHSIG = 1
 # torchflex_contract.env.ERROR_FILE: this file runs stdlib-only, so the name
 # is repeated here (a unit test keeps both equal).
 ERROR_FILE_ENV = "TORCHFLEX_ERROR_FILE"
+# torchflex_contract.env.FINISHED_FILE, .STACK_FILE and .STACK_SIGNAL, likewise.
+FINISHED_FILE_ENV = "TORCHFLEX_FINISHED_FILE"
+STACK_FILE_ENV = "TORCHFLEX_STACK_FILE"
+STACK_SIGNAL = signal.SIGRTMIN + 4
 # What an error file keeps (the contract's RootCause bounds it again).
 _ERROR_FRAMES = 8
 _ERROR_MESSAGE_CHARS = 4096
@@ -175,6 +188,37 @@ def drop_teardown_finalizers(names: tuple[tuple[str, str], ...] = _TEARDOWN_FINA
     return dropped
 
 
+# Objects a worker keeps referenced until ``os._exit``: the open stack file.
+_KEPT: list[Any] = []
+
+
+def record_finished(code: int, path: str | None) -> None:
+    """Write the worker's finished file: the script returned with ``code`` (best-effort)."""
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):
+        with open(tmp, "w") as f:
+            json.dump({"code": code, "timestamp": time.time(), "pid": os.getpid()}, f)
+        os.replace(tmp, path)
+
+
+def arm_stack_dump(path: str | None) -> None:
+    """Make ``STACK_SIGNAL`` append every thread's Python stack to ``path`` (best-effort).
+
+    The file stays open for the worker's life: faulthandler writes to its
+    descriptor from the signal handler, where nothing may be opened.
+    """
+    if not path:
+        return
+    try:
+        out = open(path, "a")  # noqa: SIM115 - must outlive this function
+        faulthandler.register(STACK_SIGNAL, file=out, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError):
+        return
+    _KEPT.append(out)
+
+
 def _finish(code: int) -> None:
     """End the worker as Python would, minus the slow module teardown."""
     main = threading.main_thread()
@@ -254,6 +298,7 @@ def _become_worker(req: dict[str, Any], fds: list[int], zygote_pid: int) -> None
         argv = list(req["argv"])
     except BaseException:
         os._exit(127)
+    arm_stack_dump(os.environ.get(STACK_FILE_ENV))
     code = 0
     try:
         if argv[0] == "-m":
@@ -271,6 +316,7 @@ def _become_worker(req: dict[str, Any], fds: list[int], zygote_pid: int) -> None
         if isinstance(exc, Exception):  # as torch's @record: not KeyboardInterrupt & co.
             record_exception(exc, os.environ.get(ERROR_FILE_ENV))
         code = 1
+    record_finished(code, os.environ.get(FINISHED_FILE_ENV))
     _finish(code)
 
 

@@ -80,6 +80,22 @@ ERROR_FILE: Final = "TORCHFLEX_ERROR_FILE"
 """Where the worker bootstrap records an uncaught exception (JSON: ``type``,
 ``message``, ``frames``, ``timestamp``); per worker and round, and the same
 path as torch's ``TORCHELASTIC_ERROR_FILE``, so ``@record`` scripts land there too."""
+FINISHED_FILE: Final = "TORCHFLEX_FINISHED_FILE"
+"""Where the fork server's worker bootstrap writes, the moment the script's code
+returned, its exit code and the time (JSON: ``code``, ``timestamp``, ``pid``): the
+agent's proof that a worker still alive after it is hung in its own teardown."""
+STACK_FILE: Final = "TORCHFLEX_STACK_FILE"
+"""Where a forked worker's ``faulthandler`` appends every thread's Python stack when
+the agent sends it ``STACK_SIGNAL`` (a hang report). Exists only once armed."""
+STACK_SIGNAL_OFFSET: Final = 4
+"""The stack-dump signal is ``SIGRTMIN + STACK_SIGNAL_OFFSET``: a real-time signal no
+training library claims (SIGUSR1/2 are often a scheduler's)."""
+TEARDOWN_GRACE: Final = "TORCHFLEX_TEARDOWN_GRACE"
+"""Seconds a worker whose script returned may take to exit before the agent records its
+stack and kills it (a teardown hang; its exit code is the script's)."""
+COMPLETION_GRACE: Final = "TORCHFLEX_COMPLETION_GRACE"
+"""Seconds a member's workers may run on after another member of the round finished
+the job before the agent records their stacks and ends them (``docs/api.md``)."""
 PROGRESS_FILE: Final = "TORCHFLEX_PROGRESS_FILE"
 """Where the ``LOCAL_RANK`` 0 worker reports training progress
 (``torchflex_agent.progress``): one file per agent, replaced atomically."""
@@ -91,6 +107,8 @@ agent, kept across rounds, removed when the agent exits."""
 DEFAULT_HEARTBEAT_INTERVAL_S: Final = 0.2
 DEFAULT_LIVENESS_TIMEOUT_S: Final = 1.5
 DEFAULT_STOP_GRACE_S: Final = 3.0
+DEFAULT_TEARDOWN_GRACE_S: Final = 30.0
+DEFAULT_COMPLETION_GRACE_S: Final = 300.0
 POD_GRACE_DEFAULT_S: Final = 30
 """Kubernetes' ``terminationGracePeriodSeconds`` of a pod whose template sets none."""
 TERMINATION_GRACE_MARGIN_S: Final = 5

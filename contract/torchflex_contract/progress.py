@@ -42,6 +42,8 @@ MAX_ERROR_TYPE: Final = 128
 MAX_ERROR_MESSAGE: Final = 1024
 MAX_FRAMES: Final = 8
 MAX_FRAME: Final = 200
+MAX_HANG_STACK: Final = 1536
+"""Characters of a hung worker's stack a report carries (the innermost frames: its tail)."""
 
 
 class AgentState(enum.StrEnum):
@@ -125,6 +127,56 @@ class RootCause:
         )
 
 
+class HangKind(enum.StrEnum):
+    """Where a worker that would not exit was stuck (``HangReport.kind``)."""
+
+    TEARDOWN = "Teardown"
+    """Its script had returned, or it was inside ``destroy_process_group``: the work
+    was done, the process would not end. The agent ends it with the script's code."""
+    COMPLETION = "Completion"
+    """Another member finished the job and this worker was still in the script's own
+    code after the completion grace: it is ended and the member fails."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HangReport:
+    """A worker the agent ended because it would not exit (docs/failure-model.md)."""
+
+    kind: HangKind
+    rank: int
+    """Global rank of the worker (the lowest, when several hung)."""
+    seconds: float
+    """How long it ran on after it finished (or after the job completed elsewhere)."""
+    round: int = -1
+    stack: str = ""
+    """Its threads' stacks when it was ended (faulthandler; native frames too when
+    ``py-spy`` is installed): the innermost ``MAX_HANG_STACK`` characters."""
+
+    def summary(self) -> str:
+        what = (
+            "hung in teardown after its script returned"
+            if self.kind is HangKind.TEARDOWN
+            else "still running after the job completed on another member"
+        )
+        return f"rank {self.rank} {what}; ended after {self.seconds:.0f} s"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["kind"] = self.kind.value
+        return data
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> HangReport:
+        stack = str(raw.get("stack", ""))
+        return cls(
+            kind=HangKind(raw["kind"]),
+            rank=int(raw.get("rank", -1)),
+            seconds=_finite(raw.get("seconds", 0.0)),
+            round=int(raw.get("round", -1)),
+            stack=stack[-MAX_HANG_STACK:],
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Progress:
     """Training progress one agent's workers reported (see docs/agent.md).
@@ -191,6 +243,8 @@ class AgentReport:
     worker recorded one (``env.ERROR_FILE``); kept until another replaces it."""
     progress: Progress | None = None
     """What the workers reported about training; None when they report nothing."""
+    hang: HangReport | None = None
+    """A worker this agent ended because it would not exit (teardown or completion hang)."""
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -198,6 +252,7 @@ class AgentReport:
         data["last_restart_reason"] = self.last_restart_reason.value
         data["lost_pods"] = list(self.lost_pods)
         data["root_cause"] = self.root_cause.to_dict() if self.root_cause else None
+        data["hang"] = self.hang.to_dict() if self.hang else None
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -225,6 +280,7 @@ class AgentReport:
                 holds_rank0=raw.get("holds_rank0") is True,
                 root_cause=_optional(RootCause.from_dict, raw.get("root_cause")),
                 progress=_optional(Progress.from_dict, raw.get("progress")),
+                hang=_optional(HangReport.from_dict, raw.get("hang")),
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"malformed agent report: {exc}") from exc
@@ -241,16 +297,22 @@ def _optional(parse: Callable[[Mapping[str, Any]], _T], raw: object) -> _T | Non
 def termination_text(report: AgentReport, limit: int = MAX_TERMINATION_MESSAGE) -> str:
     """The report as JSON of at most ``limit`` characters (ASCII, so bytes too).
 
-    What gives way, in order: the root cause's outermost frames, then the
-    root cause's message, then the report's message (each keeps its head),
-    never the JSON structure or the numbers.
+    What gives way, in order: a hang's stack (its outermost part), the root
+    cause's outermost frames, then the root cause's message, then the
+    report's message (each keeps its head), never the JSON structure or the
+    numbers.
     """
     text = report.to_json()
     for _ in range(64):  # frames go one by one (MAX_FRAMES), texts shrink by a factor
         if len(text) <= limit:
             break
         cause = report.root_cause
-        if cause is not None and cause.frames:
+        hang = report.hang
+        if hang is not None and hang.stack:
+            keep = len(_shrunk(hang.stack, len(text), limit))
+            hang = dataclasses.replace(hang, stack=hang.stack[len(hang.stack) - keep :])
+            report = dataclasses.replace(report, hang=hang)
+        elif cause is not None and cause.frames:
             cause = dataclasses.replace(cause, frames=cause.frames[1:])
             report = dataclasses.replace(report, root_cause=cause)
         elif cause is not None and cause.message:

@@ -24,6 +24,7 @@ from torchflex_operator import (
     conditions,
     events,
     gang,
+    hung,
     lifecycle,
     netpol,
     pacing,
@@ -177,6 +178,15 @@ class _Pass:
         if fresh and not self.fatal:  # a fatal failure ends the job: nothing is replaced
             self.back_off()
         return failed
+
+    def record_hung_workers(self) -> None:
+        """List workers their agents ended for not exiting; one Event each (``hung``)."""
+        listed, fresh = hung.record(self.workers, self.obs.reports, self.s.hung_workers, self.stamp)
+        if not fresh:
+            return
+        self.s = replace(self.s, hung_workers=listed)
+        for entry in fresh:
+            self.plan.event(EventType.WARNING, EventReason.WORKER_HUNG, hung.event_message(entry))
 
     def back_off(self) -> None:
         """Hold replacements back: 1, 2, 4, ... s while failures keep coming (``pacing``)."""
@@ -386,6 +396,7 @@ class _Pass:
         job, result = self.job, self.plan
         lifecycle.resume(self)
         failed = self.account_failures()
+        self.record_hung_workers()
         verdicts.force_delete_stuck(self)
         deadline = job.active_deadline_s
         started = self.since(self.s.start_time) or 0.0
@@ -393,9 +404,13 @@ class _Pass:
         outcome = None if verdict is None else verdict.outcome
         failures = self.s.failures or 0
         if verdict is not None and outcome is completion.Outcome.SUCCEEDED:
-            self.finish(Phase.SUCCEEDED, Reason.WORKER_GROUP_SUCCEEDED, verdict.message)
+            note = hung.succeeded_note(self.s.hung_workers, None)
+            self.finish(Phase.SUCCEEDED, Reason.WORKER_GROUP_SUCCEEDED, verdict.message + note)
         elif verdict is not None and outcome is completion.Outcome.FAILED:
-            self.finish(Phase.FAILED, Reason.FINAL_ROUND_INCOMPLETE, verdict.message)
+            reason, hang = hung.completion_reason(self.s.hung_workers, None)
+            self.finish(
+                Phase.FAILED, reason, f"{verdict.message}; {hang}" if hang else verdict.message
+            )
         elif self.fatal:
             self.finish(Phase.FAILED, Reason.BAD_COMMAND, self.fatal)
         elif failures > job.backoff_limit:

@@ -262,6 +262,21 @@ class SilentMember(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class HungWorker(Record):
+    """A worker its agent ended because it would not exit (``status.hungWorkers``)."""
+
+    pod: str = ""
+    rank: int | None = None
+    kind: str = ""
+    """``Teardown`` (its work was done) or ``Completion`` (still in the script)."""
+    seconds: float | None = None
+    round: int | None = None
+    stack: str = ""
+    """Its threads' innermost stack frames as its agent captured them (bounded)."""
+    time: dt.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PendingEvent(Record):
     """An Event decided and written with the status, not posted yet (``events``)."""
 
@@ -303,6 +318,7 @@ class JobStatus(Record):
     store_unreachable_since: dt.datetime | None = None
     lost_verdicts: tuple[LostVerdict, ...] | None = None
     silent_members: tuple[SilentMember, ...] | None = None
+    hung_workers: tuple[HungWorker, ...] | None = None
     event_seq: int | None = None
     pending_events: tuple[PendingEvent, ...] | None = None
     progress: TrainingProgress | None = None

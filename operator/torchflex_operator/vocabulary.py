@@ -85,6 +85,9 @@ class Reason(enum.StrEnum):
     MIN_AVAILABLE_TIMEOUT = "MinAvailableTimeout"
     FINAL_ROUND_INCOMPLETE = "FinalRoundIncomplete"
     """A member of the final round exited 0, another ended without exiting 0."""
+    COMPLETION_HANG = "CompletionHang"
+    """As ``FinalRoundIncomplete``, because a member's workers were still in the script
+    past the agent's completion grace after another member finished (``hungWorkers``)."""
     BAD_COMMAND = "BadCommand"
     """The training command cannot be started (agent exit 127): retrying cannot help."""
     CHILD_REJECTED = "ChildRejected"
@@ -140,6 +143,9 @@ class EventReason(enum.StrEnum):
     TTL_EXPIRED = "TTLExpired"
     COMPLETING = "Completing"
     FENCED_POD = "FencedPod"
+    WORKER_HUNG = "WorkerHung"
+    """A worker would not exit (teardown or completion hang): its agent ended it and
+    reported its stack (``status.hungWorkers``; Warning)."""
     STORE_UNREACHABLE = "StoreUnreachable"
     STORE_REACHABLE = "StoreReachable"
     REPLACING_STORE = "ReplacingStore"
