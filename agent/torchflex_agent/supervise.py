@@ -26,6 +26,7 @@ from typing import NoReturn, assert_never
 from torchflex_agent.config import AgentConfig
 from torchflex_agent.errors import StoreUnavailableError
 from torchflex_agent.fence import Lease, reform_grace
+from torchflex_agent.hangs import in_teardown
 from torchflex_agent.liveness import LivenessSettings, RoundMonitor, probe_peers
 from torchflex_agent.rdzv_logic import SILENT, RendezvousResult
 from torchflex_agent.rendezvous import Rendezvous
@@ -101,12 +102,15 @@ class RoundSupervisor:
     exited 0 (``restart_policy.closed_job_exit``)."""
 
     _hang_reported: bool = False
+    _next_probe: float = 0.0
+    """Seconds after the job completed elsewhere when ``supervise`` next samples stacks."""
 
     def supervise(
         self, rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, monitor: RoundMonitor
     ) -> RestartReason:
         self.workers_succeeded = False
         self._hang_reported = False
+        self._next_probe = self.config.teardown_grace
         while True:
             self.wake.wait(self.config.monitor_interval)
             self.wake.clear()
@@ -171,19 +175,32 @@ class RoundSupervisor:
     def _end_completion_hang(
         self, result: RendezvousResult, group: WorkerGroup, monitor: RoundMonitor
     ) -> GroupState:
-        """Past the completion grace, end workers still running after the job completed.
+        """End workers that run on after the job completed on another member.
 
         Another member finished the job (its workers all exited 0 and it
-        closed the rendezvous as succeeded) ``completion_grace`` seconds ago
-        and ours still run: their stacks go to the log and the report, and
-        they are ended. Tearing down (``hangs.in_teardown``) they did their
-        work: the group succeeded. Anything else was still in the script's
-        own code: this member fails, naming the hang.
+        closed the rendezvous as succeeded) and ours still run. Every
+        ``teardown_grace`` seconds their stacks are sampled: all of them
+        tearing down (``hangs.in_teardown``: in ``destroy_process_group``, a
+        process-group destructor, the bootstrap's exit) means the work is
+        done, so they are ended and the group succeeded. Past
+        ``completion_grace`` they are ended whatever they do; one still in
+        the script's own code fails this member, naming the hang. Either way
+        the stacks go to the log and the report.
         """
         completed_at = monitor.job_completed_at
-        if completed_at is None or time.time() - completed_at < self.config.completion_grace:
+        if completed_at is None:
             return GroupState.RUNNING
-        hang = group.end_hung(completed_at)
+        late = time.time() - completed_at
+        if late >= self.config.completion_grace:
+            hang = group.end_hung(completed_at)
+        elif late >= self._next_probe:
+            self._next_probe = late + max(self.config.teardown_grace, 1.0)
+            stacks = group.stacks()
+            if not stacks or not all(in_teardown(stack) for _local, stack in stacks):
+                return GroupState.RUNNING
+            hang = group.end_hung(completed_at, stacks)
+        else:
+            return GroupState.RUNNING
         if hang is None:  # they exited meanwhile
             return group.poll()[0]
         self._hang_reported = True

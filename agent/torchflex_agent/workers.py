@@ -493,39 +493,48 @@ class WorkerGroup:
             self.hang = HangReport(HangKind.TEARDOWN, rank, late, self._result.round, stack)
         return code
 
-    def end_hung(self, since: float) -> HangReport | None:
-        """End every worker still running (a completion hang); None if none ran.
-
-        ``since``: unix time the job completed on another member. Each running
-        worker's stacks are captured first; the report is about the lowest
-        rank, ``TEARDOWN`` when every one of them was tearing down
-        (``hangs.in_teardown``), else ``COMPLETION``.
-        """
-        stacks: list[tuple[int, str]] = []
-        hung: list[int] = []
+    def stacks(self) -> list[tuple[int, str]]:
+        """(local rank, captured stacks) of every worker still running (``hangs.capture``)."""
+        out = []
         for local_rank, proc in enumerate(self._procs):
             if local_rank in self._ended or proc.poll() is not None:
                 continue
             path = self._files[local_rank][1] if local_rank < len(self._files) else None
-            stacks.append((self._result.rank_offset + local_rank, hangs.capture(proc.pid, path)))
-            hung.append(local_rank)
+            out.append((local_rank, hangs.capture(proc.pid, path)))
+        return out
+
+    def end_hung(
+        self, since: float, stacks: list[tuple[int, str]] | None = None
+    ) -> HangReport | None:
+        """End every worker still running (a completion hang); None if none ran.
+
+        ``since``: unix time the job completed on another member; ``stacks``:
+        what ``stacks()`` captured just before (captured now if None). The
+        report is about the lowest rank: ``TEARDOWN`` when every one of them
+        was tearing down (``hangs.in_teardown``; their exit counts as 0),
+        else ``COMPLETION``.
+        """
+        stacks = self.stacks() if stacks is None else stacks
         if not stacks:
             return None
         self.signal(signal.SIGKILL)
         self.wait(5.0)
-        teardown = all(hangs.in_teardown(stack) for _rank, stack in stacks)
+        teardown = all(hangs.in_teardown(stack) for _local, stack in stacks)
         kind = HangKind.TEARDOWN if teardown else HangKind.COMPLETION
-        for rank, stack in stacks:
+        offset = self._result.rank_offset
+        for local_rank, stack in stacks:
             log.warning(
                 "round %d: rank %d still running %.0f s after the job completed (%s); "
                 "killed it; its stacks:\n%s",
-                self._result.round, rank, time.time() - since, kind.value,
+                self._result.round, offset + local_rank, time.time() - since, kind.value,
                 stack or "(none could be read)",
             )  # fmt: skip
-        rank, stack = stacks[0]
-        self.hang = HangReport(kind, rank, time.time() - since, self._result.round, stack)
+        local_rank, stack = stacks[0]
+        self.hang = HangReport(
+            kind, offset + local_rank, time.time() - since, self._result.round, stack
+        )
         if teardown:
-            self._ended.update(dict.fromkeys(hung, 0))
+            self._ended.update(dict.fromkeys((local for local, _ in stacks), 0))
         return self.hang
 
     def _failure(self, local_rank: int, code: int, drain: float) -> WorkerFailure:

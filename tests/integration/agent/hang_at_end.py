@@ -5,6 +5,9 @@ blocks in libc's ``pause()`` (native code, as a process-group destructor that
 waits on its threads does): a teardown hang after the script's work is done.
 ``HANG_AT=script``: the rank stays in the script's own code after the last
 collective (as a final save stuck on a dead filesystem would): a completion hang.
+``HANG_AT=destroy``: the rank blocks inside a ``destroy_process_group`` frame
+that never returns (torch's own destroys the group, then ``pause()``): the
+teardown hang of pytorch/pytorch#75097 before the script returns.
 Every other rank exits 0 at once.
 """
 
@@ -31,6 +34,13 @@ def stuck_in_script() -> None:
     threading.Event().wait()
 
 
+def destroy_process_group() -> None:
+    """torch's, then a block: a stack with this frame is a worker tearing down."""
+    dist.destroy_process_group()
+    print("destroy_process_group: blocking in pause()", flush=True)
+    ctypes.CDLL(None).pause()
+
+
 def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
@@ -38,11 +48,14 @@ def main() -> int:
         t = torch.ones(4)
         dist.all_reduce(t)
     dist.barrier()
-    dist.destroy_process_group()
     print(f"rank {rank} trained", flush=True)
-    if rank == int(os.environ.get("HANG_RANK", "-1")):
-        if os.environ.get("HANG_AT") == "script":
-            stuck_in_script()
+    hang_at = os.environ.get("HANG_AT") if rank == int(os.environ.get("HANG_RANK", "-1")) else None
+    if hang_at == "destroy":
+        destroy_process_group()
+    dist.destroy_process_group()
+    if hang_at == "script":
+        stuck_in_script()
+    elif hang_at == "exit":
         atexit.register(hang_forever_in_teardown)
     return 0
 

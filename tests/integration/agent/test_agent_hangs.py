@@ -21,11 +21,11 @@ SCRIPT = str(Path(__file__).with_name("hang_at_end.py"))
 GRACES = ["--teardown-grace", "2", "--completion-grace", "6", "--heartbeat-interval", "0.2"]
 
 
-def run_pair(tmp_path: Path, hang_at: str) -> tuple[Job, list[int]]:
+def run_pair(tmp_path: Path, hang_at: str, graces: list[str] = GRACES) -> tuple[Job, list[int]]:
     job = Job(tmp_path, agent_env={"HANG_RANK": "1", "HANG_AT": hang_at})
     job.start_store()
     for _ in range(2):
-        job.start_agent([PYTHON, SCRIPT], "2:2", GRACES)
+        job.start_agent([PYTHON, SCRIPT], "2:2", graces)
     codes = [a.proc.wait(90) for a in job.agents]
     return job, codes
 
@@ -53,6 +53,24 @@ def test_teardown_hang_is_ended_with_its_stack_and_the_job_succeeds(tmp_path: Pa
         assert "hang_forever_in_teardown" in hang.stack, hang.stack
         log = job.agents[i].text()
         assert "hung in teardown" in log and "pause()" in log
+
+
+@pytest.mark.timeout(180)
+def test_hang_inside_destroy_process_group_is_ended_at_the_teardown_grace(
+    tmp_path: Path,
+) -> None:
+    """Not returned yet, but its stack shows it tearing down: ended after the short
+    grace (sampled every teardown grace once a peer finished), not the long one."""
+    graces = ["--teardown-grace", "2", "--completion-grace", "120"]
+    job, codes = run_pair(tmp_path, "destroy", graces)
+    with job:
+        assert codes == [0, 0], [a.text() for a in job.agents]
+        _i, report = hung_report(job)
+        hang = report.hang
+        assert hang is not None
+        assert hang.kind is HangKind.TEARDOWN and hang.rank == 1
+        assert 2.0 <= hang.seconds < 60.0, hang
+        assert "destroy_process_group" in hang.stack, hang.stack
 
 
 @pytest.mark.timeout(180)
