@@ -342,6 +342,11 @@ def _leave_group() -> None:
             log.warning("NCCL process group abort failed (destroying it only): %s", exc)
     if dist.is_initialized():
         dist.destroy_process_group()
+    # The fork server's bootstrap keeps every group alive until exit (zygote.
+    # keep_process_groups); this one must go now, so the worker lets it go.
+    kept = getattr(c10d, tfenv.KEPT_GROUPS_ATTR, None)
+    if isinstance(kept, list):
+        kept.clear()
     gc.collect()
 
 

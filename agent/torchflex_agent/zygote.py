@@ -41,6 +41,9 @@ returned (its exit code and the time), before the worker's own teardown; and
 ``faulthandler`` is armed on ``STACK_SIGNAL`` to append every thread's Python
 stack to ``TORCHFLEX_STACK_FILE`` when the agent asks (async-signal-safe: it
 answers even while the main thread is stuck in C++ holding the GIL).
+And a worker keeps every process group the script creates referenced until
+it exits (``keep_process_groups``), so no group's destructor, where torch's
+teardown hangs, runs in a process that is leaving anyway.
 """
 
 from __future__ import annotations
@@ -73,6 +76,10 @@ ERROR_FILE_ENV = "TORCHFLEX_ERROR_FILE"
 FINISHED_FILE_ENV = "TORCHFLEX_FINISHED_FILE"
 STACK_FILE_ENV = "TORCHFLEX_STACK_FILE"
 STACK_SIGNAL = signal.SIGRTMIN + 4
+# torchflex_contract.env.KEPT_GROUPS_ATTR: the list of process groups a worker keeps
+# (``keep_process_groups``), an attribute of torch.distributed.distributed_c10d;
+# ``torchflex_agent.state`` empties it to free a group it leaves (in-place re-form).
+KEPT_GROUPS_ATTR = "torchflex_kept_process_groups"
 # What an error file keeps (the contract's RootCause bounds it again).
 _ERROR_FRAMES = 8
 _ERROR_MESSAGE_CHARS = 4096
@@ -219,6 +226,33 @@ def arm_stack_dump(path: str | None) -> None:
     _KEPT.append(out)
 
 
+def keep_process_groups() -> None:
+    """Hold every process group torch.distributed creates in this worker until it exits.
+
+    A group's C++ destructor joins the backend's threads, and runs wherever
+    the last reference drops: in ``destroy_process_group`` or when the
+    script's DDP model goes out of scope as ``main`` returns, with the GIL
+    held, while a gloo thread may still need the GIL to release a tensor
+    (pytorch/pytorch#75097, #179291): the hang users meet at the very end of
+    a job. A worker ends with ``os._exit`` (``_finish``), which needs no
+    destructor (the kernel closes the group's sockets), so none has to run.
+    ``shutdown`` still runs when the script calls ``destroy_process_group``.
+    Only when torch.distributed was preloaded; nothing is imported here.
+    """
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    register = getattr(c10d, "_register_process_group", None)
+    if c10d is None or register is None:
+        return
+    kept: list[Any] = []
+
+    def keep(group_name: str, pg: Any) -> None:
+        kept.append(pg)
+        register(group_name, pg)
+
+    setattr(c10d, KEPT_GROUPS_ATTR, kept)
+    setattr(c10d, "_register_process_group", keep)  # noqa: B010 - a module global
+
+
 def _finish(code: int) -> None:
     """End the worker as Python would, minus the slow module teardown."""
     main = threading.main_thread()
@@ -299,6 +333,7 @@ def _become_worker(req: dict[str, Any], fds: list[int], zygote_pid: int) -> None
     except BaseException:
         os._exit(127)
     arm_stack_dump(os.environ.get(STACK_FILE_ENV))
+    keep_process_groups()
     code = 0
     try:
         if argv[0] == "-m":

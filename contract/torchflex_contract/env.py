@@ -90,6 +90,10 @@ the agent sends it ``STACK_SIGNAL`` (a hang report). Exists only once armed."""
 STACK_SIGNAL_OFFSET: Final = 4
 """The stack-dump signal is ``SIGRTMIN + STACK_SIGNAL_OFFSET``: a real-time signal no
 training library claims (SIGUSR1/2 are often a scheduler's)."""
+KEPT_GROUPS_ATTR: Final = "torchflex_kept_process_groups"
+"""Not a variable: the attribute of ``torch.distributed.distributed_c10d`` holding the
+process groups a forked worker keeps until it exits (``zygote.keep_process_groups``);
+the state API empties it to free a group it leaves."""
 TEARDOWN_GRACE: Final = "TORCHFLEX_TEARDOWN_GRACE"
 """Seconds a worker whose script returned may take to exit before the agent records its
 stack and kills it (a teardown hang; its exit code is the script's)."""

@@ -49,6 +49,7 @@ def test_fork_server_repeats_the_contract_names() -> None:
     assert zygote.FINISHED_FILE_ENV == tfenv.FINISHED_FILE
     assert zygote.STACK_FILE_ENV == tfenv.STACK_FILE
     assert zygote.STACK_SIGNAL == hangs.STACK_SIGNAL
+    assert zygote.KEPT_GROUPS_ATTR == tfenv.KEPT_GROUPS_ATTR
     assert hangs.STACK_SIGNAL == signal.SIGRTMIN + tfenv.STACK_SIGNAL_OFFSET
 
 
