@@ -155,10 +155,14 @@ def resumed_with_lost_shard(
     # member died before its copy of it reached its peer (then served one step back).
     floor = last - 1 if theirs.group(4) == "peer-prev" else last
     assert step >= floor, f"lost {last - step} steps (from {theirs.group(4)})"
-    # The example prints a step right after its commit: the lost member printed it.
+    # The example prints a step right after its commit: the lost member printed it,
+    # unless the SIGKILL fell between its commit and its print (a loaded machine: seen
+    # in a full run); then it is the step after the last it printed, and its value
+    # cannot be compared.
     printed = {int(m.group(1)): m.group(4) for m in lost_lines if int(m.group(2)) == lost_shard}
-    assert step in printed, (step, sorted(printed)[-3:])
-    assert theirs.group(7) == printed[step], (theirs.group(0), printed[step])
+    assert step in printed or step == max(printed) + 1, (step, sorted(printed)[-3:])
+    if step in printed:
+        assert theirs.group(7) == printed[step], (theirs.group(0), printed[step])
     return Resume(step, got)
 
 
