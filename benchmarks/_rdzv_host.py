@@ -63,13 +63,13 @@ class Member:
 def _torchflex_member(
     system: str, run_id: str, n: int, port: int, timeout: float, *, op_timeout: float | None
 ) -> Member:
-    from torchflex_agent.kvstore import KVStore
-    from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousSettings
-    from torchflex_agent.rendezvous import Rendezvous
+    from torchflex_agent.rendezvous.logic import NodeDescriptor, RendezvousSettings
+    from torchflex_agent.rendezvous.protocol import Rendezvous
+    from torchflex_agent.stores.kvstore import KVStore
 
     store: KVStore
     if system == "torchflex-c10d":
-        from torchflex_agent.store_tcp import TCPKVStore
+        from torchflex_agent.stores.tcp import TCPKVStore
 
         store = (
             TCPKVStore("127.0.0.1", port)
@@ -77,7 +77,7 @@ def _torchflex_member(
             else TCPKVStore("127.0.0.1", port, op_timeout=op_timeout)
         )
     else:
-        from torchflex_agent.store_etcd import EtcdKVStore
+        from torchflex_agent.stores.etcd import EtcdKVStore
 
         store = EtcdKVStore([("http", "127.0.0.1", port)])
     node = NodeDescriptor(f"m-{os.getpid()}-{time.monotonic_ns()}", "127.0.0.1", 29500, 1)

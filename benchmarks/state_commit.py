@@ -45,8 +45,8 @@ from benchmarks.cli import BenchCli, positive_float, positive_int
 from benchmarks.rendezvous import load_note
 from e2e.localproc import free_port
 from torchflex_agent.fence import Lease
-from torchflex_agent.shard_logic import PEER
-from torchflex_agent.state_shm import CopyStore
+from torchflex_agent.memstate.logic.shards import PEER
+from torchflex_agent.memstate.shm import CopyStore
 from torchflex_contract import env as tfenv
 
 _WARMUP = 20

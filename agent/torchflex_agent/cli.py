@@ -2,9 +2,9 @@
 
 Where it sits: the console script (``pyproject.toml``) calls ``main``. Three
 modes: ``torchflex-agent store`` serves the per-job TCPStore
-(``store_server``); a command starting with ``torchrun`` is exec'd as is
+(``stores.server``); a command starting with ``torchrun`` is exec'd as is
 (compatibility: stock torchrun behaviour); anything else runs an
-``agent.ElasticAgent`` and exits with its ``ExitCode``.
+``loop.agent.ElasticAgent`` and exits with its ``ExitCode``.
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
-from torchflex_agent import backends, pid1
-from torchflex_agent.config import AgentConfig, parse_args, resolve_nproc
+from torchflex_agent import pid1
 from torchflex_agent.errors import ConfigError, StoreUnavailableError
+from torchflex_agent.loop.logic.config import AgentConfig, parse_args, resolve_nproc
+from torchflex_agent.stores import registry as backends
 from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import ExitCode
 
 if TYPE_CHECKING:
-    from torchflex_agent.prewarm import ForkServer
+    from torchflex_agent.workers.prewarm import ForkServer
 
 log = logging.getLogger("torchflex_agent")
 
@@ -49,7 +50,7 @@ def _run_agent(config: AgentConfig, environ: Mapping[str, str]) -> int:
     # of a new node's start and run beside ours, which are its slower half
     # otherwise: the agent's modules (~50 ms) and, with --nproc-per-node auto
     # and no GPU limit, torch itself to count GPUs (~0.8 s on the dev box).
-    from torchflex_agent.workers import start_fork_server
+    from torchflex_agent.workers.group import start_fork_server
 
     fork = start_fork_server(config.command, environ) if config.prewarm else None
     try:
@@ -60,8 +61,8 @@ def _run_agent(config: AgentConfig, environ: Mapping[str, str]) -> int:
 
 
 def _run_with(config: AgentConfig, environ: Mapping[str, str], fork: ForkServer | None) -> int:
-    from torchflex_agent.agent import ElasticAgent
-    from torchflex_agent.health import HealthServer
+    from torchflex_agent.loop.agent import ElasticAgent
+    from torchflex_agent.loop.health import HealthServer
 
     try:
         nproc = resolve_nproc(config.nproc_spec, environ.get(tfenv.GPU_LIMIT), _cuda_count)
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     pid1.become_init_if_pid1()
     if args and args[0] == "store":
         logging.basicConfig(level=logging.INFO, format="[torchflex-store] %(message)s")
-        from torchflex_agent.store_server import main as store_main
+        from torchflex_agent.stores.server import main as store_main
 
         return store_main(args[1:])
     command = args[args.index("--") + 1 :] if "--" in args else []

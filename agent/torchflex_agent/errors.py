@@ -1,9 +1,9 @@
 """Typed errors of the agent: what went wrong, and whether trying again can help.
 
 Where it sits: raised by the store backends (``store_*``), the rendezvous
-(``rendezvous``), the configuration parser (``config``) and the worker
-launch (``workers``); the agent loop
-(``agent``) and the CLI map the class, never the message text, to an exit
+(``rendezvous.protocol``), the configuration parser (``loop.logic.config``) and the worker
+launch (``workers.group``); the agent loop
+(``loop.agent``) and the CLI map the class, never the message text, to an exit
 code from ``torchflex_contract.exit_codes``.
 """
 

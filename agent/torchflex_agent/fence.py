@@ -1,8 +1,8 @@
 """Fencing: a member that cannot prove it is still a member stops writing.
 
-Where it sits: the agent's heartbeat thread (``liveness``) renews a
+Where it sits: the agent's heartbeat thread (``rendezvous.liveness``) renews a
 ``Lease`` after every store round trip that showed its round is not stale;
-the agent loop (``agent``) SIGKILLs its workers when the lease runs out or
+the agent loop (``loop.agent``) SIGKILLs its workers when the lease runs out or
 the group names it lost; workers (through ``checkpoint``) read the lease
 file before they write. The arithmetic and the verdicts are pure functions,
 table-tested in ``tests/unit/agent``.

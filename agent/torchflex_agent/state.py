@@ -2,8 +2,8 @@
 
 Where it sits: imported by training scripts only (``examples/train_stateful.py``),
 never by the agent process (it imports torch). It keeps each step's state in
-the agent's in-memory folder through ``state_shm`` and decides whose copy to
-resume from with ``state_logic``. In a script::
+the agent's in-memory folder through ``memstate.shm`` and decides whose copy to
+resume from with ``memstate.logic.copies``. In a script::
 
     from torchflex_agent.state import TrainState
 
@@ -20,7 +20,7 @@ a view of the live tensors) and writes it with its fenced key
 the worker process: when a member is lost and the agent restarts the workers,
 the new workers find it there. ``restore`` (every rank, right after
 ``init_process_group``) gathers each rank's copy key, picks the newest usable
-one (``state_logic.choose_source``: a stale member's copy is never used), and
+one (``memstate.logic.copies.choose_source``: a stale member's copy is never used), and
 either lets every rank load its own (all hold that key: no transfer) or
 broadcasts it from its holder (a replacement or new member holds nothing).
 No disk is read. Without ``torchflex-agent`` (no ``TORCHFLEX_STATE_DIR``)
@@ -30,14 +30,14 @@ With ``in_place=True`` the survivors of a member that joined, left, died or
 froze keep their processes: the agent keeps them (``kept``) and hands them the
 new round, and ``reform`` re-creates the process group and restores, without a
 new process or import (see the example's loop and docs/state-api.md). After a
-loss a watcher thread (``state_unblock``) shuts the old group's links down on
+loss a watcher thread (``memstate.unblock``) shuts the old group's links down on
 the agent's word, so a collective waiting on the lost member fails at once.
 
 State is *replicated* by default (DDP: every rank holds the same model and
 optimizer after a step), so any survivor's copy is the group's state. With
 ``sharded=True`` (FSDP, ZeRO: each rank's state differs) each copy also goes
-to the rank's ring successor (``state_peer``), and ``restore`` gives rank r
-shard r of the newest step whose shards all have a holder (``shard_logic``).
+to the rank's ring successor (``peer.ring``), and ``restore`` gives rank r
+shard r of the newest step whose shards all have a holder (``memstate.logic.shards``).
 """
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from torchflex_agent.collectives import all_gather_json
 from torchflex_agent.fence import Verdict
-from torchflex_agent.shard_logic import OWN_PREVIOUS
-from torchflex_agent.state_logic import CopyMeta, Source, choose_source
-from torchflex_agent.state_peer import PeerRing
-from torchflex_agent.state_shm import CopyStore
-from torchflex_agent.state_unblock import Unblocker, socket_inodes
+from torchflex_agent.memstate.logic.copies import CopyMeta, Source, choose_source
+from torchflex_agent.memstate.logic.shards import OWN_PREVIOUS
+from torchflex_agent.memstate.shm import CopyStore
+from torchflex_agent.memstate.unblock import Unblocker, socket_inodes
+from torchflex_agent.peer.collectives import all_gather_json
+from torchflex_agent.peer.ring import PeerRing
 from torchflex_contract import env as tfenv
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class Restored:
     """True when the state came from another rank (``meta.rank``'s copy, sent by ``source``)."""
     source: int
     slot: str = "copy"
-    """Sharded state: which of the holder's copies it was (``shard_logic.SLOTS``;
+    """Sharded state: which of the holder's copies it was (``memstate.logic.shards.SLOTS``;
     ``peer``: the shard of a lost member, kept by its ring successor)."""
 
 
@@ -261,7 +261,7 @@ class TrainState:
 
     def _restore_shard(self, peer: PeerRing) -> Restored | None:
         """Sharded state: rank r loads shard r of the newest whole key, from whoever holds
-        it (``shard_logic.plan_shards``); None when some shard has no holder or the
+        it (``memstate.logic.shards.plan_shards``); None when some shard has no holder or the
         group's size changed (the script loads its disk checkpoint, resharding)."""
         got = peer.restore(self._store.fence_check().incarnation)
         if got is None:
@@ -281,7 +281,7 @@ class TrainState:
         return Restored(step, loop, meta, src.holder != _rank(), src.holder, src.slot)
 
     def _arm(self) -> None:
-        """Collective: every in-place rank picks the new group's links (``state_unblock``),
+        """Collective: every in-place rank picks the new group's links (``memstate.unblock``),
         so that the agent can end a collective that waits on a lost member at once."""
         gather = functools.partial(all_gather_json, device=_collective_device())
         if self._unblock is None or dist.get_backend() != "gloo":
@@ -381,7 +381,7 @@ def _broadcast_bytes(store: CopyStore, source: Source) -> bytes:
 
 
 def _all_gather_pickled(obj: CopyMeta | None) -> list[CopyMeta | None]:
-    """Every rank's copy header, gathered without numpy (``collectives.all_gather_json``:
+    """Every rank's copy header, gathered without numpy (``peer.collectives.all_gather_json``:
     the agent image has none, and ``dist.all_gather_object`` decodes through it)."""
     rows = all_gather_json(
         None if obj is None else dataclasses.asdict(obj), device=_collective_device()

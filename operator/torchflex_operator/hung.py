@@ -2,7 +2,7 @@
 
 Where it sits: a pure step of the planner (``planner.plan`` calls ``record``
 each pass a job runs). An agent that ended a worker hung at the end of the
-job (``torchflex_agent.hangs``: a teardown hang after its script returned, or
+job (``torchflex_agent.workers.hangs``: a teardown hang after its script returned, or
 a completion hang still in the script after another member finished) puts a
 ``HangReport`` with the worker's stack in its final report. Each such pod is
 listed once in ``status.hungWorkers`` (bounded, newest last) with one

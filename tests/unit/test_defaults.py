@@ -27,7 +27,7 @@ import yaml
 
 from e2e.cluster.layout import REPO_ROOT
 from tests.unit.docs_tables import doc_table
-from torchflex_agent.config import build_parser, parse_args
+from torchflex_agent.loop.logic.config import build_parser, parse_args
 from torchflex_contract import labels
 from torchflex_operator import builders, cli
 from torchflex_operator.settings import Settings

@@ -21,7 +21,10 @@ from typing import Any
 import grimp
 import pytest
 from importlinter import api
+from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract
 from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.layers import LayersContract
+from importlinter.domain.contract import Contract
 
 REPO = Path(__file__).resolve().parents[2]
 PURE_OPERATOR = "operator's pure layer (planner, spec, status, ...) does no I/O"
@@ -30,6 +33,13 @@ PURE_AGENT = "agent's pure decisions spawn, signal and connect nothing"
 STORE_KEYS = "only the rendezvous reads and writes rendezvous keys"
 AGENT_NO_STATE = "the agent never imports the state API's torch side"
 STATE_NO_TORCH = "the state API's copies and decisions import no torch"
+AGENT_LAYERS = "agent layers: cli > loop > workers > rendezvous > stores > memstate > fence"
+AGENT_ACYCLIC = "no import cycles between the agent's sibling packages or modules"
+KINDS: dict[str, type[Contract]] = {
+    "forbidden": ForbiddenContract,
+    "layers": LayersContract,
+    "acyclic_siblings": AcyclicSiblingsContract,
+}
 
 
 @functools.cache
@@ -48,22 +58,25 @@ def _names() -> list[str]:
 
 
 def _kept(name: str, added: tuple[str, str] | None = None) -> bool:
-    """Check one contract on the tree's graph, with ``added`` (importer, imported) if given."""
+    """Check one contract on the tree's graph, with ``added`` (importer, imported) if given
+    (a new module when ``imported`` is empty)."""
     options = next(c for c in _config()["contracts_options"] if c["name"] == name)
-    assert options["type"] == "forbidden", "only forbidden contracts are used here"
-    contract = ForbiddenContract(
+    contract = KINDS[options["type"]](
         name=name,
         session_options=_config()["session_options"],
         contract_options=options,
     )
     graph = copy.deepcopy(_graph())
-    if added is not None:
+    if added is not None and added[1]:
         graph.add_import(importer=added[0], imported=added[1])
+    elif added is not None:
+        graph.add_module(added[0])
     return contract.check(graph, verbose=False).kept
 
 
 def test_the_contracts_named_here_are_in_pyproject() -> None:
     named = {PURE_OPERATOR, API_CLIENT, PURE_AGENT, STORE_KEYS, AGENT_NO_STATE, STATE_NO_TORCH}
+    named |= {AGENT_LAYERS, AGENT_ACYCLIC}
     assert named <= set(_names())
 
 
@@ -82,18 +95,30 @@ def test_every_contract_is_kept_by_the_tree(name: str) -> None:
         # Through a chain: the planner imports the contract's labels.
         (PURE_OPERATOR, "torchflex_contract.labels", "subprocess"),
         (API_CLIENT, "torchflex_operator.reconciler", "kubernetes"),
-        (PURE_AGENT, "torchflex_agent.restart_policy", "torchflex_agent.workers"),
-        (PURE_AGENT, "torchflex_agent.rdzv_logic", "subprocess"),
-        (PURE_AGENT, "torchflex_agent.rdzv_logic", "threading"),
+        (PURE_AGENT, "torchflex_agent.loop.logic.policy", "torchflex_agent.workers.group"),
+        (PURE_AGENT, "torchflex_agent.rendezvous.logic", "subprocess"),
+        (PURE_AGENT, "torchflex_agent.rendezvous.logic", "threading"),
         # Flag parsing reaches no store client (config once did, through backends' openers).
-        (PURE_AGENT, "torchflex_agent.config", "torchflex_agent.backends"),
-        (PURE_AGENT, "torchflex_agent.endpoints", "torchflex_agent.store_tcp"),
-        (STORE_KEYS, "torchflex_agent.liveness", "torchflex_contract.store_keys"),
-        (STORE_KEYS, "torchflex_agent.supervise", "torchflex_contract.store_keys"),
+        (PURE_AGENT, "torchflex_agent.loop.logic.config", "torchflex_agent.stores.registry"),
+        (PURE_AGENT, "torchflex_agent.stores.logic", "torchflex_agent.stores.tcp"),
+        (STORE_KEYS, "torchflex_agent.rendezvous.liveness", "torchflex_contract.store_keys"),
+        (STORE_KEYS, "torchflex_agent.loop.supervise", "torchflex_contract.store_keys"),
         # The agent reaches the state API's copies only through state_shm (issue 18).
-        (AGENT_NO_STATE, "torchflex_agent.agent", "torchflex_agent.state"),
+        (AGENT_NO_STATE, "torchflex_agent.loop.agent", "torchflex_agent.state"),
         (STATE_NO_TORCH, "torchflex_agent.fence", "torch"),
-        (PURE_AGENT, "torchflex_agent.state_logic", "time"),
+        (PURE_AGENT, "torchflex_agent.memstate.logic.copies", "time"),
+        (PURE_AGENT, "torchflex_agent.rendezvous.logic", "logging"),
+        # A new pure module is checked by its name alone.
+        (PURE_AGENT, "torchflex_agent.workers.logic", "subprocess"),
+        # Lower layers never reach up; sibling packages stay apart; new modules take a place.
+        (AGENT_LAYERS, "torchflex_agent.workers.group", "torchflex_agent.loop.logic.policy"),
+        (AGENT_LAYERS, "torchflex_agent.stores.kvstore", "torchflex_agent.rendezvous.protocol"),
+        (AGENT_LAYERS, "torchflex_agent.memstate.shm", "torchflex_agent.progress"),
+        (AGENT_LAYERS, "torchflex_agent.loop.agent", "torchflex_agent.peer.ring"),
+        (AGENT_LAYERS, "torchflex_agent.newroom", ""),
+        (AGENT_ACYCLIC, "torchflex_agent.stores.kvstore", "torchflex_agent.stores.registry"),
+        (AGENT_ACYCLIC, "torchflex_agent.rendezvous.logic", "torchflex_agent.rendezvous.records"),
+        (STATE_NO_TORCH, "torchflex_agent.memstate.logic.shards", "torchflex_agent.peer.ring"),
     ],
 )
 def test_each_contract_breaks_on_the_import_it_forbids(
@@ -102,7 +127,9 @@ def test_each_contract_breaks_on_the_import_it_forbids(
     assert not _kept(name, (importer, imported))
 
 
-@pytest.mark.parametrize("module", ["torchflex_agent.rendezvous", "torchflex_agent.rdzv_records"])
+@pytest.mark.parametrize(
+    "module", ["torchflex_agent.rendezvous.protocol", "torchflex_agent.rendezvous.records"]
+)
 def test_the_rendezvous_itself_may_name_store_keys(module: str) -> None:
     edge = (module, "torchflex_contract.store_keys")
     assert _graph().direct_import_exists(importer=edge[0], imported=edge[1])

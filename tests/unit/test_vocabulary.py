@@ -49,7 +49,7 @@ DEFINING = {
 }
 # Files that run stdlib-only (never import torchflex) keep their own copy of
 # an env name; each copy must still be a name the contract defines.
-STDLIB_ONLY = {REPO_ROOT / "agent/torchflex_agent/zygote.py"}
+STDLIB_ONLY = {REPO_ROOT / "agent/torchflex_agent/workers/zygote.py"}
 # Kubernetes' own words, read from pods (``status.phase``, ``status.reason``,
 # a container's ``terminated.reason``) or, in the process kubelet, written to
 # them: they spell the same as some of the job's words but are not ours.

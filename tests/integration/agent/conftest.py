@@ -13,7 +13,7 @@ import pytest
 
 from e2e.localproc import stop_process
 from tests.integration.agent.tfagent_helpers import Job, start_etcd, start_store
-from torchflex_agent.kvstore import KVStore, MemoryStore
+from torchflex_agent.stores.kvstore import KVStore, MemoryStore
 
 
 @dataclasses.dataclass
@@ -60,7 +60,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         shared = MemoryStore()
         yield Backend("memory", shared.clone)
     elif request.param == "c10d":
-        from torchflex_agent.store_tcp import TCPKVStore
+        from torchflex_agent.stores.tcp import TCPKVStore
 
         port = request.getfixturevalue("store_server")
         # The contract is about what the rendezvous decides, not the client's 2 s
@@ -68,7 +68,7 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
         # machine a slow reply must not turn a MemberLeft into StoreLost here.
         yield Backend("c10d", lambda: TCPKVStore("127.0.0.1", port, op_timeout=10.0), port)
     else:
-        from torchflex_agent.store_etcd import EtcdKVStore
+        from torchflex_agent.stores.etcd import EtcdKVStore
 
         port = request.getfixturevalue("etcd_server")
         yield Backend("etcd", lambda: EtcdKVStore([("http", "127.0.0.1", port)]), port)

@@ -14,10 +14,10 @@ import threading
 import time
 from types import FrameType
 
-from torchflex_agent.kvstore import KVStore
-from torchflex_agent.liveness import LivenessSettings, RoundMonitor
-from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousSettings
-from torchflex_agent.rendezvous import Rendezvous
+from torchflex_agent.rendezvous.liveness import LivenessSettings, RoundMonitor
+from torchflex_agent.rendezvous.logic import NodeDescriptor, RendezvousSettings
+from torchflex_agent.rendezvous.protocol import Rendezvous
+from torchflex_agent.stores.kvstore import KVStore
 from torchflex_contract.progress import RestartReason
 
 
@@ -25,11 +25,11 @@ def main() -> int:
     backend, port, run_id, lo, hi = sys.argv[1:6]
     store: KVStore
     if backend == "c10d":
-        from torchflex_agent.store_tcp import TCPKVStore
+        from torchflex_agent.stores.tcp import TCPKVStore
 
         store = TCPKVStore("127.0.0.1", int(port))
     else:
-        from torchflex_agent.store_etcd import EtcdKVStore
+        from torchflex_agent.stores.etcd import EtcdKVStore
 
         store = EtcdKVStore([("http", "127.0.0.1", int(port))])
     node = NodeDescriptor(f"proc-{time.monotonic_ns()}", "127.0.0.1", 1, 1)

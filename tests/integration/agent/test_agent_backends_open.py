@@ -14,19 +14,19 @@ import uuid
 import pytest
 
 from e2e.localproc import free_port
-from torchflex_agent import backends
-from torchflex_agent.endpoints import parse_endpoints
 from torchflex_agent.errors import StoreUnavailableError
-from torchflex_agent.kvstore import KVStore
+from torchflex_agent.stores import registry as backends
+from torchflex_agent.stores.kvstore import KVStore
+from torchflex_agent.stores.logic import parse_endpoints
 
 
 def _direct(name: str, port: int) -> KVStore:
     """A connection opened the tests' own way, not through the registry."""
     if name == "c10d":
-        from torchflex_agent.store_tcp import TCPKVStore
+        from torchflex_agent.stores.tcp import TCPKVStore
 
         return TCPKVStore("127.0.0.1", port)
-    from torchflex_agent.store_etcd import EtcdKVStore
+    from torchflex_agent.stores.etcd import EtcdKVStore
 
     return EtcdKVStore([("http", "127.0.0.1", port)])
 

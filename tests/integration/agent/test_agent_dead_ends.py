@@ -36,15 +36,15 @@ from torchflex_agent.errors import (
     RendezvousTimeoutError,
     StoreUnavailableError,
 )
-from torchflex_agent.presence_probe import refused
-from torchflex_agent.rdzv_logic import (
+from torchflex_agent.rendezvous.logic import (
     EXITED,
     SILENT,
     NodeDescriptor,
     RendezvousSettings,
     encode_membership,
 )
-from torchflex_agent.store_etcd import EtcdKVStore
+from torchflex_agent.rendezvous.presence_probe import refused
+from torchflex_agent.stores.etcd import EtcdKVStore
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState, RestartReason
 from torchflex_contract.store_keys import CLOSED, HEARTBEAT, Keys, round_key

@@ -1,6 +1,6 @@
 """A warm spare's agent waits outside the rendezvous until its standby file changes.
 
-Where it sits: integration test of ``torchflex_agent.standby`` with real
+Where it sits: integration test of ``torchflex_agent.loop.standby`` with real
 ``torchflex-agent`` processes on loopback (issue 18, warm spare pods). The
 spare gets ``TORCHFLEX_STANDBY_FILE`` as the operator sets it; the test
 rewrites that file the way a kubelet refreshes a downward-API volume (write a
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agent.tfagent_helpers import Job, steps_of
-from torchflex_agent.standby import WAITING_MESSAGE
+from torchflex_agent.loop.standby import WAITING_MESSAGE
 from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentState

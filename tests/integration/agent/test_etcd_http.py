@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from e2e.localproc import free_port
-from torchflex_agent.etcd_http import GatewayConnection, GatewayError, RevisionCompactedError
+from torchflex_agent.stores.etcd_http import GatewayConnection, GatewayError, RevisionCompactedError
 
 
 def _b64(text: str) -> str:

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from tests.integration.agent.conftest import Backend
-from torchflex_agent.kvstore import KVStore
+from torchflex_agent.stores.kvstore import KVStore
 
 
 def fresh(prefix: str) -> str:

@@ -24,13 +24,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.integration.agent.tfagent_helpers import pid_alive
-from torchflex_agent.liveness import PresenceServer
+from torchflex_agent.rendezvous.liveness import PresenceServer
 
 # An agent stand-in: a process that starts a PresenceServer and prints its port and holder.
 AGENT = textwrap.dedent(
     """
     import time
-    from torchflex_agent.liveness import PresenceServer
+    from torchflex_agent.rendezvous.liveness import PresenceServer
     server = PresenceServer()
     print(server.port, server.pid, flush=True)
     time.sleep(120)

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agent.tfagent_helpers import pid_alive
-from torchflex_agent.prewarm import ForkedProc, ForkServer, python_launch
-from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult
-from torchflex_agent.restart_policy import GroupState
-from torchflex_agent.workers import LaunchContext, WorkerGroup, set_pdeathsig
+from torchflex_agent.rendezvous.logic import NodeDescriptor, RendezvousResult
+from torchflex_agent.workers.group import LaunchContext, WorkerGroup, set_pdeathsig
+from torchflex_agent.workers.logic import GroupState
+from torchflex_agent.workers.prewarm import ForkedProc, ForkServer, python_launch
 
 SCRIPT = textwrap.dedent(
     """
@@ -228,8 +228,8 @@ def test_agent_sigkill_takes_zygote_and_workers(tmp_path: Path) -> None:
     agent = textwrap.dedent(
         f"""
         import os, sys, time
-        from torchflex_agent.prewarm import ForkServer, python_launch
-        from torchflex_agent.workers import set_pdeathsig
+        from torchflex_agent.workers.prewarm import ForkServer, python_launch
+        from torchflex_agent.workers.group import set_pdeathsig
         launch = python_launch([sys.executable, {str(tmp_path / "sleep.py")!r}])
         fs = ForkServer(launch, dict(os.environ), set_pdeathsig)
         assert fs.wait_ready(60)

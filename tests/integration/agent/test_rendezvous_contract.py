@@ -22,9 +22,9 @@ from e2e.localproc import stop_process
 from tests.integration.agent.conftest import Backend
 from tests.integration.agent.tfagent_helpers import PYTHON, child_env
 from torchflex_agent.errors import RendezvousTimeoutError
-from torchflex_agent.liveness import LivenessSettings, RoundMonitor
-from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult, RendezvousSettings
-from torchflex_agent.rendezvous import Rendezvous, RendezvousInterruptedError
+from torchflex_agent.rendezvous.liveness import LivenessSettings, RoundMonitor
+from torchflex_agent.rendezvous.logic import NodeDescriptor, RendezvousResult, RendezvousSettings
+from torchflex_agent.rendezvous.protocol import Rendezvous, RendezvousInterruptedError
 from torchflex_contract.progress import RestartReason
 from torchflex_contract.store_keys import ARRIVALS, HEARTBEAT, Keys, round_key
 

@@ -43,8 +43,8 @@ from e2e.kubelet import records
 from e2e.localproc import LineLog
 from tests.integration.agent.test_state_api import SHM, last_step_before, signal_tree, training_at
 from tests.integration.agent.tfagent_helpers import PYTHON, REPO, Job, pid_alive, preempt
-from torchflex_agent.shard_logic import SLOTS
-from torchflex_agent.state_logic import CopyMeta
+from torchflex_agent.memstate.logic.copies import CopyMeta
+from torchflex_agent.memstate.logic.shards import SLOTS
 from torchflex_contract.exit_codes import ExitCode
 
 SHARDED = str(REPO / "examples" / "train_sharded.py")

@@ -120,7 +120,7 @@ def dns() -> Iterator[NxDomainDns]:
 
 def _connect_once(conf: Path, port: int) -> str:
     code = (
-        "from torchflex_agent.store_tcp import TCPKVStore\n"
+        "from torchflex_agent.stores.tcp import TCPKVStore\n"
         f"s = TCPKVStore('127.0.0.1', {port}, connect_timeout=30.0)\n"
         "s.set('k', b'v')\n"
         "print(s.get('k'))\n"

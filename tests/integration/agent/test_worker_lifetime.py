@@ -19,8 +19,8 @@ FAKE_AGENT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult
-    from torchflex_agent.workers import LaunchContext, WorkerGroup
+    from torchflex_agent.rendezvous.logic import NodeDescriptor, RendezvousResult
+    from torchflex_agent.workers.group import LaunchContext, WorkerGroup
     result = RendezvousResult(0, 0, (NodeDescriptor("n", "127.0.0.1", 1, 1),))
     ctx = LaunchContext("r", 0, 0, 1, Path(sys.argv[1]))
     group = WorkerGroup(["sleep", "60"], result, ctx, {"PATH": "/usr/bin:/bin"})

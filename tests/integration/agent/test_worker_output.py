@@ -25,8 +25,8 @@ FAKE_AGENT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult
-    from torchflex_agent.workers import LaunchContext, WorkerGroup
+    from torchflex_agent.rendezvous.logic import NodeDescriptor, RendezvousResult
+    from torchflex_agent.workers.group import LaunchContext, WorkerGroup
     folder = Path(sys.argv[1])
     a, b = NodeDescriptor("a", "127.0.0.1", 1, 1), NodeDescriptor("b", "127.0.0.1", 1, 1)
     ctx, env = LaunchContext("r", 0, 0, 1, folder), {"PATH": "/usr/bin:/bin"}

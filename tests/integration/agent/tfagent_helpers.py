@@ -92,7 +92,7 @@ def start_etcd(
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     from torchflex_agent.errors import StoreUnavailableError
-    from torchflex_agent.store_etcd import connect_etcd_with_retry
+    from torchflex_agent.stores.etcd import connect_etcd_with_retry
 
     try:
         store = connect_etcd_with_retry(

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from torchflex_agent import backends, endpoints
-from torchflex_agent.endpoints import Endpoint, parse_endpoints
 from torchflex_agent.errors import ConfigError
+from torchflex_agent.stores import logic as endpoints
+from torchflex_agent.stores import registry as backends
+from torchflex_agent.stores.logic import Endpoint, parse_endpoints
 from torchflex_contract.rendezvous_backends import RendezvousBackend
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from torchflex_agent.cli import USAGE_HINT, main
-from torchflex_agent.config import parse_args, resolve_nproc
-from torchflex_agent.endpoints import Endpoint
 from torchflex_agent.errors import ConfigError
+from torchflex_agent.loop.logic.config import parse_args, resolve_nproc
+from torchflex_agent.stores.logic import Endpoint
 from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import ExitCode
 

@@ -14,19 +14,19 @@ import pytest
 from etcd3gw import exceptions as etcd_exc
 
 from torchflex_agent.cli import USAGE_HINT, main
-from torchflex_agent.config import MAX_NPROC, parse_args, resolve_nproc
-from torchflex_agent.connecting import open_store
 from torchflex_agent.errors import (
     CommandNotRunnableError,
     ConfigError,
     SpawnFailedError,
     StoreUnavailableError,
 )
-from torchflex_agent.kvstore import KVStore, MemoryStore
-from torchflex_agent.rdzv_logic import MemberWatch, parse_counter
-from torchflex_agent.rendezvous import RendezvousInterruptedError
-from torchflex_agent.store_etcd import etcd_cause
-from torchflex_agent.workers import command_problem, launch_error
+from torchflex_agent.loop.connecting import open_store
+from torchflex_agent.loop.logic.config import MAX_NPROC, parse_args, resolve_nproc
+from torchflex_agent.rendezvous.logic import MemberWatch, parse_counter
+from torchflex_agent.rendezvous.protocol import RendezvousInterruptedError
+from torchflex_agent.stores.etcd import etcd_cause
+from torchflex_agent.stores.kvstore import KVStore, MemoryStore
+from torchflex_agent.workers.group import command_problem, launch_error
 from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import Disposition, ExitCode, disposition
 

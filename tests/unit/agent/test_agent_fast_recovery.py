@@ -14,11 +14,9 @@ import sys
 
 import pytest
 
-from torchflex_agent.config import parse_args
 from torchflex_agent.errors import ConfigError
-from torchflex_agent.kvstore import MemoryStore
-from torchflex_agent.prewarm import PythonLaunch, python_launch
-from torchflex_agent.rdzv_logic import (
+from torchflex_agent.loop.logic.config import parse_args
+from torchflex_agent.rendezvous.logic import (
     NodeDescriptor,
     RendezvousResult,
     RendezvousSettings,
@@ -27,9 +25,11 @@ from torchflex_agent.rdzv_logic import (
     expected_next,
     rank_order,
 )
-from torchflex_agent.rendezvous import Rendezvous
-from torchflex_agent.workers import LaunchContext, worker_env
-from torchflex_agent.zygote import drop_teardown_finalizers, preimport_names
+from torchflex_agent.rendezvous.protocol import Rendezvous
+from torchflex_agent.stores.kvstore import MemoryStore
+from torchflex_agent.workers.group import LaunchContext, worker_env
+from torchflex_agent.workers.prewarm import PythonLaunch, python_launch
+from torchflex_agent.workers.zygote import drop_teardown_finalizers, preimport_names
 from torchflex_contract.progress import RestartReason
 from torchflex_contract.store_keys import CLOSED, RESTARTS, round_key
 

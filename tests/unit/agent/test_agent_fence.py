@@ -12,14 +12,14 @@ import pytest
 from torchflex_agent import fence
 from torchflex_agent.checkpoint import Checkpointer, CheckpointMeta, may_replace
 from torchflex_agent.fence import Lease, LeaseState, Verdict, judge, lease_duration, reform_grace
-from torchflex_agent.kvstore import MemoryStore
-from torchflex_agent.rdzv_logic import (
+from torchflex_agent.rendezvous.logic import (
     NodeDescriptor,
     RendezvousSettings,
     decode_lost,
     encode_lost,
 )
-from torchflex_agent.rendezvous import Rendezvous
+from torchflex_agent.rendezvous.protocol import Rendezvous
+from torchflex_agent.stores.kvstore import MemoryStore
 from torchflex_contract import env as tfenv
 
 

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from torchflex_agent import hangs, zygote
+from torchflex_agent.workers import hangs, zygote
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import (
     MAX_HANG_STACK,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchflex_agent.health import HealthServer
+from torchflex_agent.loop.health import HealthServer
 from torchflex_contract.progress import AgentReport, AgentState
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from torchflex_agent.errors import StoreProtocolError
-from torchflex_agent.rdzv_logic import (
+from torchflex_agent.rendezvous.logic import (
     ArrivalRole,
     NodeDescriptor,
     ProgressTracker,

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from torchflex_agent.health import HealthServer, ReportBoard
+from torchflex_agent.loop.health import HealthServer, ReportBoard
 from torchflex_contract.progress import (
     LONG_POLL_MAX_S,
     MAX_ERROR_MESSAGE,

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from torchflex_agent.restart_policy import (
+from torchflex_agent.loop.logic.policy import (
     Action,
     FailureVerdict,
-    GroupState,
     Observation,
     budget_exhausted,
     closed_job_exit,
@@ -15,6 +14,7 @@ from torchflex_agent.restart_policy import (
     judge_failure,
     root_cause,
 )
+from torchflex_agent.workers.logic import GroupState
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import RestartReason
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from torchflex_agent import rootcause, zygote
-from torchflex_agent.rootcause import Recorded, parse_error_file, parse_traceback
-from torchflex_agent.workers import WorkerFailure, first_failure
+from torchflex_agent.workers import rootcause, zygote
+from torchflex_agent.workers.group import WorkerFailure, first_failure
+from torchflex_agent.workers.rootcause import Recorded, parse_error_file, parse_traceback
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import (
     MAX_ERROR_MESSAGE,

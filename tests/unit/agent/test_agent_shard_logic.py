@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchflex_agent.shard_logic import (
+from torchflex_agent.memstate.logic.copies import CopyMeta
+from torchflex_agent.memstate.logic.shards import (
     OWN,
     OWN_PREVIOUS,
     PEER,
@@ -21,7 +22,6 @@ from torchflex_agent.shard_logic import (
     ring_neighbours,
     ring_order,
 )
-from torchflex_agent.state_logic import CopyMeta
 
 
 def own(

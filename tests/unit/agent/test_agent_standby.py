@@ -1,6 +1,6 @@
 """The warm spare's decision, its flag, and its wait on a real local file.
 
-Where it sits: unit tests of ``torchflex_agent.standby`` and of the
+Where it sits: unit tests of ``torchflex_agent.loop.standby`` and of the
 ``--standby-file`` flag (``config``). The wait reads a file in ``tmp_path``
 that a thread replaces the way a kubelet does (write a temporary, rename);
 the agent's real processes are in tests/integration/agent/test_agent_standby.py.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from torchflex_agent.config import parse_args
 from torchflex_agent.errors import ConfigError
-from torchflex_agent.standby import (
+from torchflex_agent.loop.logic.config import parse_args
+from torchflex_agent.loop.standby import (
     WAITING_MESSAGE,
     is_standby,
     read_standby,
@@ -81,7 +81,7 @@ def test_not_a_spare_returns_at_once_and_logs_nothing(
     path = tmp_path / "standby"
     if content is not None:
         path.write_text(content)
-    caplog.set_level(logging.INFO, logger="torchflex_agent.standby")
+    caplog.set_level(logging.INFO, logger="torchflex_agent.loop.standby")
     assert wait_for_promotion(path, threading.Event()) == 0.0
     assert caplog.records == []
 
@@ -92,7 +92,7 @@ def test_spare_waits_until_the_file_reads_anything_else(
 ) -> None:
     path = tmp_path / "standby"
     path.write_text("true")
-    caplog.set_level(logging.INFO, logger="torchflex_agent.standby")
+    caplog.set_level(logging.INFO, logger="torchflex_agent.loop.standby")
     waiting = threading.Event()
 
     def promote() -> None:
@@ -109,14 +109,14 @@ def test_spare_waits_until_the_file_reads_anything_else(
                 waiting.set()
 
     seen = StartSeen()
-    logging.getLogger("torchflex_agent.standby").addHandler(seen)
+    logging.getLogger("torchflex_agent.loop.standby").addHandler(seen)
     promoter = threading.Thread(target=promote)
     promoter.start()
     try:
         waited = wait_for_promotion(path, threading.Event())
     finally:
         promoter.join(10)
-        logging.getLogger("torchflex_agent.standby").removeHandler(seen)
+        logging.getLogger("torchflex_agent.loop.standby").removeHandler(seen)
     assert waited is not None and waited > 0.0
     messages = [r.getMessage() for r in caplog.records]
     assert messages[0] == f"{WAITING_MESSAGE} ({path})"

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from torchflex_agent.fence import Lease
-from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult
-from torchflex_agent.state_logic import (
+from torchflex_agent.memstate.logic.copies import (
     CopyMeta,
     choose_source,
     keep_in_place,
@@ -29,7 +28,7 @@ from torchflex_agent.state_logic import (
     unblock_kept,
     usable_incarnation,
 )
-from torchflex_agent.state_shm import (
+from torchflex_agent.memstate.shm import (
     CopyStore,
     create_dir,
     hand_round,
@@ -37,7 +36,8 @@ from torchflex_agent.state_shm import (
     mark_kept,
     sweep_dead,
 )
-from torchflex_agent.workers import LaunchContext, worker_env
+from torchflex_agent.rendezvous.logic import NodeDescriptor, RendezvousResult
+from torchflex_agent.workers.group import LaunchContext, worker_env
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import RestartReason
 

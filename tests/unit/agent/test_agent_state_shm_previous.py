@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 from torchflex_agent.fence import Lease
-from torchflex_agent.shard_logic import OWN, OWN_PREVIOUS, PEER, PEER_PREVIOUS
-from torchflex_agent.state_logic import CopyMeta
-from torchflex_agent.state_peer import PeerRing, _Receiver
-from torchflex_agent.state_shm import CopyStore
+from torchflex_agent.memstate.logic.copies import CopyMeta
+from torchflex_agent.memstate.logic.shards import OWN, OWN_PREVIOUS, PEER, PEER_PREVIOUS
+from torchflex_agent.memstate.shm import CopyStore
+from torchflex_agent.peer.ring import PeerRing, _Receiver
 from torchflex_contract import env as tfenv
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from torchflex_agent.state_links import (
+from torchflex_agent.memstate.logic.links import (
     TcpSocket,
     candidate_links,
     endpoint,
@@ -30,7 +30,7 @@ from torchflex_agent.state_links import (
     parse_unblock,
     unblock_line,
 )
-from torchflex_agent.state_unblock import (
+from torchflex_agent.memstate.unblock import (
     Unblocker,
     armed,
     signal_unblock,

@@ -7,7 +7,7 @@ lost DNS answer stalls every client; the store bounds that wait itself.
 
 from __future__ import annotations
 
-from torchflex_agent import store_server
+from torchflex_agent.stores import server as store_server
 
 
 def test_the_store_makes_a_lookup_one_short_try() -> None:

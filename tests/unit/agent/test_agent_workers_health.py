@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from torchflex_agent.health import HealthServer, termination_log_path, write_termination_log
-from torchflex_agent.rdzv_logic import NodeDescriptor, RendezvousResult
-from torchflex_agent.workers import LaunchContext, read_error_file, worker_env
+from torchflex_agent.loop.health import HealthServer, termination_log_path, write_termination_log
+from torchflex_agent.rendezvous.logic import NodeDescriptor, RendezvousResult
+from torchflex_agent.workers.group import LaunchContext, read_error_file, worker_env
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import MAX_TERMINATION_MESSAGE, AgentReport, AgentState
 

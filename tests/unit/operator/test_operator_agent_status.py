@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from torchflex_agent.health import HealthServer, ReportBoard
+from torchflex_agent.loop.health import HealthServer, ReportBoard
 from torchflex_contract.progress import AgentReport, AgentState, Progress, RootCause
 from torchflex_operator.agent_status import (
     StatusPoller,
