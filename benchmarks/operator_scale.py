@@ -47,7 +47,7 @@ from e2e.localproc import free_port, stop_process
 from e2e.operator_proc import OperatorProcess
 from e2e.polling import poll_until
 from torchflex_contract import labels
-from torchflex_operator.vocabulary import Phase
+from torchflex_operator.model.vocabulary import Phase
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -15,8 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
-from torchflex_operator.election import Timing
-from torchflex_operator.settings import Settings
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.planning.lease import Timing
 
 LOG_FORMATS = ("plain", "json")
 OLDEST = "oldest"
@@ -276,13 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     import kopf
 
-    from torchflex_operator import logsetup
-    from torchflex_operator.agent_status import StatusPoller
-    from torchflex_operator.handlers import register
     from torchflex_operator.kube import Kube, load_api_client
-    from torchflex_operator.leader import Gate, LeaseGate, own_identity
-    from torchflex_operator.metrics import Metrics
-    from torchflex_operator.reconciler import Reconciler
+    from torchflex_operator.runtime import logsetup
+    from torchflex_operator.runtime.agent_status import StatusPoller
+    from torchflex_operator.runtime.handlers import register
+    from torchflex_operator.runtime.leader import Gate, LeaseGate, own_identity
+    from torchflex_operator.runtime.metrics import Metrics
+    from torchflex_operator.runtime.reconcile import Reconciler
 
     logsetup.configure(verbose=args.verbose, json=args.log_format == "json")
     metrics = Metrics()

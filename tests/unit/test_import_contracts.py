@@ -21,7 +21,11 @@ from typing import Any
 import grimp
 import pytest
 from importlinter import api
+from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract
 from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.independence import IndependenceContract
+from importlinter.contracts.layers import LayersContract
+from importlinter.domain.contract import Contract
 
 REPO = Path(__file__).resolve().parents[2]
 PURE_OPERATOR = "operator's pure layer (planner, spec, status, ...) does no I/O"
@@ -50,8 +54,13 @@ def _names() -> list[str]:
 def _kept(name: str, added: tuple[str, str] | None = None) -> bool:
     """Check one contract on the tree's graph, with ``added`` (importer, imported) if given."""
     options = next(c for c in _config()["contracts_options"] if c["name"] == name)
-    assert options["type"] == "forbidden", "only forbidden contracts are used here"
-    contract = ForbiddenContract(
+    kinds: dict[str, type[Contract]] = {
+        "forbidden": ForbiddenContract,
+        "layers": LayersContract,
+        "independence": IndependenceContract,
+        "acyclic_siblings": AcyclicSiblingsContract,
+    }
+    contract = kinds[options["type"]](
         name=name,
         session_options=_config()["session_options"],
         contract_options=options,
@@ -75,13 +84,13 @@ def test_every_contract_is_kept_by_the_tree(name: str) -> None:
 @pytest.mark.parametrize(
     ("name", "importer", "imported"),
     [
-        (PURE_OPERATOR, "torchflex_operator.planner", "kopf"),
-        (PURE_OPERATOR, "torchflex_operator.status", "asyncio"),
-        (PURE_OPERATOR, "torchflex_operator.spec", "time"),
-        (PURE_OPERATOR, "torchflex_operator.builders", "torchflex_operator.kube"),
+        (PURE_OPERATOR, "torchflex_operator.planning.pipeline", "kopf"),
+        (PURE_OPERATOR, "torchflex_operator.model.status", "asyncio"),
+        (PURE_OPERATOR, "torchflex_operator.model.spec", "time"),
+        (PURE_OPERATOR, "torchflex_operator.render.builders", "torchflex_operator.kube"),
         # Through a chain: the planner imports the contract's labels.
         (PURE_OPERATOR, "torchflex_contract.labels", "subprocess"),
-        (API_CLIENT, "torchflex_operator.reconciler", "kubernetes"),
+        (API_CLIENT, "torchflex_operator.runtime.reconcile", "kubernetes"),
         (PURE_AGENT, "torchflex_agent.restart_policy", "torchflex_agent.workers"),
         (PURE_AGENT, "torchflex_agent.rdzv_logic", "subprocess"),
         (PURE_AGENT, "torchflex_agent.rdzv_logic", "threading"),

@@ -2,7 +2,7 @@
 
 Where it sits: a check over the source tree (no cluster; it imports the
 vocabulary modules and reads the rest as text and syntax trees). The words
-are the operator's status and Event words (``torchflex_operator.vocabulary``)
+are the operator's status and Event words (``torchflex_operator.model.vocabulary``)
 and the contract's names (API names, labels, annotations, env variables, the
 agent's states and restart reasons, exit codes, store keys); docs/api.md and
 docs/agent.md list them as the code does. Product code (operator, agent, the
@@ -24,7 +24,7 @@ import yaml
 from e2e.cluster.layout import REPO_ROOT
 from tests.unit.docs_tables import doc_table
 from torchflex_contract import env, exit_codes, labels, progress, store_keys
-from torchflex_operator import vocabulary
+from torchflex_operator.model import vocabulary
 
 STATUS_WORDS: tuple[type[enum.StrEnum], ...] = (
     vocabulary.Phase,
@@ -44,7 +44,7 @@ CONTRACT_WORDS: tuple[type[enum.StrEnum], ...] = (
 )
 PRODUCT = ("operator/torchflex_operator", "agent/torchflex_agent", "contract", "e2e")
 DEFINING = {
-    REPO_ROOT / "operator/torchflex_operator/vocabulary.py",
+    REPO_ROOT / "operator/torchflex_operator/model/vocabulary.py",
     *(REPO_ROOT / "contract/torchflex_contract").glob("*.py"),
 }
 # Files that run stdlib-only (never import torchflex) keep their own copy of

@@ -21,7 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
-from torchflex_operator.errors import (
+from torchflex_operator.model.errors import (
     AccessDeniedError,
     ApiAbsentError,
     ConflictError,

@@ -8,10 +8,10 @@ import pytest
 
 from tests.unit.operator.factories import NAME, NS, job, job_obj
 from torchflex_contract import env, labels
-from torchflex_operator import backends, builders
-from torchflex_operator.errors import InvalidSpecError
-from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec
+from torchflex_operator.model.errors import InvalidSpecError
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.render import backends, builders
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:

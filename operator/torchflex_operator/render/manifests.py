@@ -1,0 +1,114 @@
+"""The parts every manifest of a job shares: owner reference, labels, pod and Service shells.
+
+Where it sits: under ``builders`` (worker pods, the job's Services) and
+``backends`` (each rendezvous backend's own pod) and ``netpol``; pure
+functions of the ``JobSpec``, no API calls. Kept apart from ``builders`` so
+that a backend's module can build its pod without importing the builder that
+asks it for one.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torchflex_contract import labels
+from torchflex_contract.labels import Label, Role
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.model.vocabulary import AutoscalerAnnotation
+
+Manifest = dict[str, Any]
+
+
+def owner_ref(job: JobSpec) -> Manifest:
+    return {
+        "apiVersion": labels.API_VERSION,
+        "kind": labels.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def object_labels(job: JobSpec, role: Role, index: int | None = None) -> dict[str, str]:
+    out = {
+        Label.JOB_NAME.value: job.name,
+        Label.ROLE.value: role.value,
+        Label.MANAGED_BY.value: labels.MANAGED_BY_VALUE,
+    }
+    if index is not None:
+        out[Label.REPLICA_INDEX.value] = str(index)
+    return out
+
+
+def safe_to_evict(role: Role) -> dict[str, str]:
+    """cluster-autoscaler's annotation for a pod of ``role``: workers may be drained
+    (the job's PodDisruptionBudget holds its minimum), the store and etcd pods not
+    (see ``disruption``)."""
+    value = "true" if role is Role.WORKER else "false"
+    return {AutoscalerAnnotation.SAFE_TO_EVICT.value: value}
+
+
+def trainer_container(pod_spec: Manifest) -> Manifest:
+    for container in pod_spec.get("containers") or []:
+        if container.get("name") == labels.TRAINER_CONTAINER:
+            return container  # type: ignore[no-any-return]
+    raise ValueError("template has no container named 'trainer'")
+
+
+def aux_pod(job: JobSpec, name: str, role: Role, container: Manifest) -> Manifest:
+    """Store/etcd pod: placed like the workers (selectors, tolerations), one container."""
+    src: Manifest = dict(job.template.get("spec") or {})
+    pod_spec: Manifest = {
+        key: copy.deepcopy(src[key])
+        for key in (
+            "nodeSelector",
+            "tolerations",
+            "affinity",
+            "imagePullSecrets",
+            "serviceAccountName",
+            "priorityClassName",
+            "securityContext",
+            "automountServiceAccountToken",
+        )
+        if key in src
+    }
+    pod_spec.setdefault("automountServiceAccountToken", False)
+    pod_spec["containers"] = [container]
+    pod_spec["restartPolicy"] = "Always"
+    pod_spec["hostname"] = name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": object_labels(job, role),
+            "annotations": safe_to_evict(role),
+            "ownerReferences": [owner_ref(job)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def headless_service(job: JobSpec, name: str, role: Role, port: int | None) -> Manifest:
+    spec: Manifest = {
+        "clusterIP": "None",
+        # DNS must work before readiness: agents rendezvous while starting.
+        "publishNotReadyAddresses": True,
+        "selector": {Label.JOB_NAME.value: job.name, Label.ROLE.value: role.value},
+    }
+    if port is not None:
+        spec["ports"] = [{"name": role.value, "port": port, "targetPort": port}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": object_labels(job, role),
+            "ownerReferences": [owner_ref(job)],
+        },
+        "spec": spec,
+    }
