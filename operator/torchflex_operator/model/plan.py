@@ -1,9 +1,9 @@
-"""What one planning pass decides: the ``Plan`` value the reconciler applies.
+"""What one planning pass decides: the ``Plan`` value the runtime applies.
 
-Where it sits: ``planner.plan`` fills a ``Plan`` (pods and Services to
+Where it sits: ``planning.plan`` returns a ``Plan`` (pods and Services to
 create, pods to delete and how, the job's new status, Events, when to look
-again); ``reconciler`` applies it through ``kube``. A value with a few
-helpers that keep it tidy (one delete per pod, the earliest wake-up), no
+again); ``runtime.reconcile`` applies it through ``kube``. A frozen value built
+once, at the end of the pass (``planning.context.Draft.to_plan``), with no
 decisions of its own.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from torchflex_operator.model.observed import PodView
 from torchflex_operator.model.status import JobStatus
 from torchflex_operator.model.vocabulary import EventReason, EventType, Reason
 
@@ -44,7 +43,7 @@ class Event:
     message: str
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Plan:
     create_pods: list[Manifest] = dataclasses.field(default_factory=list)
     create_services: list[Manifest] = dataclasses.field(default_factory=list)
@@ -59,15 +58,3 @@ class Plan:
     delete_job: bool = False
     replacements: list[Reason] = dataclasses.field(default_factory=list)
     """Reason of each failed worker handled this pass (metrics)."""
-
-    def wake_in(self, seconds: float) -> None:
-        seconds = max(0.0, seconds)
-        if self.requeue_after is None or seconds < self.requeue_after:
-            self.requeue_after = seconds
-
-    def delete(self, pod: PodView, *, force: bool = False, grace_s: int | None = None) -> None:
-        if all(d.name != pod.name for d in self.delete_pods):
-            self.delete_pods.append(PodDelete(pod.name, pod.uid, force, grace_s))
-
-    def event(self, etype: EventType, reason: EventReason, message: str) -> None:
-        self.events.append(Event(etype, reason, message))

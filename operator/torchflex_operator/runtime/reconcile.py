@@ -304,8 +304,9 @@ class Reconciler:
         mode = await self._gang_mode()
         result = plan(job, JobStatus.parse(obj.get("status") or {}), observed, now, self.settings)
         if result.status is not None:  # None: the job is being deleted
-            result.status = dataclasses.replace(result.status, gang_scheduling=mode)
-            phase = result.status.phase
+            status = dataclasses.replace(result.status, gang_scheduling=mode)
+            result = dataclasses.replace(result, status=status)
+            phase = status.phase
             finished = phase is not None and phase.finished
             if mode is GangScheduling.ENABLED and not finished:
                 await self._apply_gang(key, job)

@@ -1,17 +1,13 @@
 """Planner steps on what the agents say about training itself.
 
-Where it sits: called by ``planner.plan`` on its pass state (``_Pass``),
-pure like the rest of the planner. The phase and ``MinAvailable`` count
-pods; these steps read the agents' reports (``Observed.reports``) to say
-whether the group actually trains:
+Where it sits: pure steps ``(Ctx, Draft) -> Draft`` of the planner's
+pipeline. The phase and ``MinAvailable`` count pods; these steps read the
+agents' reports (``Observed.reports``) to say whether the group actually
+trains:
 
 * ``training``: condition ``Training``: True once the members of the newest
   rendezvous round all run their workers (its ``lastTransitionTime`` says
   since when), else False with what the agents do instead;
-* ``idle``: a finished or suspended job runs nothing: ``Training`` is False
-  and a True ``MinAvailable`` / ``AtDesiredSize`` turns False (a False one
-  keeps the reason it had, such as the ``BelowMinReplicas`` that timed the
-  job out); a succeeded job also carries batch/v1's ``Complete``;
 * ``progress``: ``status.progress`` (step, steps per second, checkpoint
   step) and ``status.rank0Pod`` from the reports;
 * ``bound_progress``: a pass whose only change is progress writes it at most
@@ -23,15 +19,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from torchflex_contract.progress import AgentReport, AgentState
 from torchflex_operator.model.observed import PodView
-from torchflex_operator.model.status import ConditionStatus, TrainingProgress
+from torchflex_operator.model.status import TrainingProgress
 from torchflex_operator.model.vocabulary import ConditionType, Reason
-
-if TYPE_CHECKING:
-    from torchflex_operator.planning.pipeline import _Pass
+from torchflex_operator.planning.context import Ctx, Draft
 
 # What an agent of the newest round does when it is not running workers.
 _NOT_TRAINING: Mapping[AgentState, tuple[Reason, str]] = {
@@ -84,26 +77,16 @@ def group_state(workers: Sequence[PodView], reports: Mapping[str, AgentReport]) 
     return GroupState(False, reason, f"rendezvous round {rnd} is over: an agent is {doing}")
 
 
-def training(p: _Pass) -> None:
+def training(ctx: Ctx, d: Draft) -> Draft:
     """``Training`` of a job that is neither finished nor suspended."""
-    state = group_state(p.workers, p.obs.reports)
-    p.set_condition(
-        ConditionType.TRAINING, status=state.training, reason=state.reason, message=state.message
+    state = group_state(d.members, ctx.obs.reports)
+    return d.set_condition(
+        ctx,
+        ConditionType.TRAINING,
+        status=state.training,
+        reason=state.reason,
+        message=state.message,
     )
-
-
-def idle(p: _Pass, reason: Reason, message: str) -> None:
-    """Conditions of a job that runs nothing on purpose (finished or suspended)."""
-    p.set_condition(ConditionType.TRAINING, status=False, reason=reason, message=message)
-    for ctype in (ConditionType.MIN_AVAILABLE, ConditionType.AT_DESIRED_SIZE):
-        cond = p.condition(ctype)
-        if cond is not None and cond.status is ConditionStatus.TRUE:
-            p.set_condition(ctype, status=False, reason=reason, message=message)
-    succeeded = p.condition(ConditionType.SUCCEEDED)
-    if succeeded is not None and p.condition(ConditionType.COMPLETE) is None:
-        # A job an older operator finished: the same fact under batch/v1's name.
-        done = replace(succeeded, type=ConditionType.COMPLETE.value)
-        p.s = replace(p.s, conditions=(*(p.s.conditions or ()), done))
 
 
 def _holds_rank0(report: AgentReport) -> bool:
@@ -111,21 +94,21 @@ def _holds_rank0(report: AgentReport) -> bool:
     return report.holds_rank0 or report.node_rank == 0
 
 
-def progress(p: _Pass) -> None:
+def progress(ctx: Ctx, d: Draft) -> Draft:
     """``status.progress`` and ``status.rank0Pod`` from the agents' reports.
 
     Reports of live and finished workers count (a finished job keeps its last
     step). The newest round's report wins, then the highest step; nothing
     reported keeps what status says (the pods that said it may be gone).
     """
-    names = {w.name for w in p.workers if not w.terminating or w.finished}
-    reports = [(n, r) for n, r in sorted(p.obs.reports.items()) if n in names]
+    names = {w.name for w in d.members if not w.terminating or w.finished}
+    reports = [(n, r) for n, r in sorted(ctx.obs.reports.items()) if n in names]
     holders = [(r.round, n) for n, r in reports if r.round >= 0 and _holds_rank0(r)]
     if holders:
-        p.s = replace(p.s, rank0_pod=max(holders)[1])
+        d = d.with_status(rank0_pod=max(holders)[1])
     reported = [(n, r.progress) for n, r in reports if r.progress is not None]
     if not reported:
-        return
+        return d
     pod, got = max(reported, key=lambda item: (item[1].round, item[1].step, item[0]))
     fresh = TrainingProgress(
         step=got.step if got.step >= 0 else None,
@@ -134,24 +117,24 @@ def progress(p: _Pass) -> None:
         round=got.round if got.round >= 0 else None,
         pod=pod,
     )
-    shown = p.s.progress
+    shown = d.status.progress
     if shown is not None and replace(shown, last_update_time=None) == fresh:
-        return
-    p.s = replace(p.s, progress=replace(fresh, last_update_time=p.stamp))
+        return d
+    return d.with_status(progress=replace(fresh, last_update_time=ctx.stamp))
 
 
-def bound_progress(p: _Pass) -> None:
+def bound_progress(ctx: Ctx, d: Draft) -> Draft:
     """Hold back a progress-only change until ``progress_write_s`` after the last.
 
     Run last in a pass: when anything else changed, status is written anyway
     and carries the fresh progress with it.
     """
-    shown, fresh = p.prior.progress, p.s.progress
-    if shown is None or fresh == shown or replace(p.s, progress=shown) != p.prior:
-        return
-    age = p.since(shown.last_update_time)
-    left = p.settings.progress_write_s - (age if age is not None else p.settings.progress_write_s)
+    shown, fresh = ctx.prior.progress, d.status.progress
+    if shown is None or fresh == shown or replace(d.status, progress=shown) != ctx.prior:
+        return d
+    age = ctx.since(shown.last_update_time)
+    every = ctx.settings.progress_write_s
+    left = every - (age if age is not None else every)
     if left <= 0:
-        return
-    p.s = replace(p.s, progress=shown)
-    p.plan.wake_in(left)
+        return d
+    return d.with_status(progress=shown).wake_in(left)
