@@ -3,6 +3,7 @@ share state, and the docs map every product module."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -94,3 +95,52 @@ def test_every_product_module_has_its_row_in_the_docs() -> None:
     ):
         missing = _modules(package) - _named_in(doc)
         assert not missing, f"{doc.name} does not name {sorted(missing)}"
+
+
+OPERATOR = REPO_ROOT / "operator" / "torchflex_operator"
+MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 100
+
+
+def _operator_trees() -> list[tuple[Path, ast.Module]]:
+    return [(p, ast.parse(p.read_text(), str(p))) for p in sorted(OPERATOR.rglob("*.py"))]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_operator_rooms_stay_small_and_keep_their_privates() -> None:
+    """The operator's product code (issue 27): no class over 300 lines, no function
+    over 100, and no module imports another module's private name (``_X``), under
+    ``TYPE_CHECKING`` or not, nor reaches one through a module it imported."""
+    problems: list[str] = []
+    for path, tree in _operator_trees():
+        where = path.relative_to(REPO_ROOT)
+        modules: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                bound = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+                if size > bound:
+                    problems.append(
+                        f"{where}:{node.lineno} {node.name} is {size} lines (> {bound})"
+                    )
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchflex"):
+                for alias in node.names:
+                    if _private(alias.name):
+                        problems.append(f"{where}:{node.lineno} imports {node.module}.{alias.name}")
+                    modules.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("torchflex"):
+                        modules.add(alias.asname or alias.name.split(".")[0])
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and _private(node.attr)
+            ):
+                problems.append(f"{where}:{node.lineno} reaches {node.value.id}.{node.attr}")
+    assert not problems, "\n".join(problems)
