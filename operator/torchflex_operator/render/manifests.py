@@ -10,6 +10,7 @@ asks it for one.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from torchflex_contract import labels
@@ -112,3 +113,13 @@ def headless_service(job: JobSpec, name: str, role: Role, port: int | None) -> M
         },
         "spec": spec,
     }
+
+
+def thaw(value: Any) -> Any:
+    """A fresh, mutable copy of a frozen manifest fragment (mappings become dicts,
+    tuples lists), to merge into a manifest being built."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [thaw(v) for v in value]
+    return value

@@ -11,6 +11,8 @@ user's fault.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from torchflex_contract.exit_codes import Disposition, ExitCode, disposition
 from torchflex_contract.progress import AgentReport
@@ -19,24 +21,28 @@ from torchflex_operator.model.status import WorkerException
 from torchflex_operator.model.vocabulary import EventReason, Reason
 
 # DisruptionTarget condition reasons (k8s >= 1.26) and what they mean here.
-_DISRUPTION_REASONS: dict[str, Reason] = {
-    "PreemptionByScheduler": Reason.PREEMPTED,
-    "PreemptionByKubeScheduler": Reason.PREEMPTED,
-    "DeletionByTaintManager": Reason.NODE_LOST,
-    "DeletionByPodGC": Reason.NODE_LOST,
-    "EvictionByEvictionAPI": Reason.EVICTED,
-    "TerminationByKubelet": Reason.EVICTED,
-}
+_DISRUPTION_REASONS: Mapping[str, Reason] = MappingProxyType(
+    {
+        "PreemptionByScheduler": Reason.PREEMPTED,
+        "PreemptionByKubeScheduler": Reason.PREEMPTED,
+        "DeletionByTaintManager": Reason.NODE_LOST,
+        "DeletionByPodGC": Reason.NODE_LOST,
+        "EvictionByEvictionAPI": Reason.EVICTED,
+        "TerminationByKubelet": Reason.EVICTED,
+    }
+)
 # pod.status.reason values the kubelet or node controller set on platform kills.
-_STATUS_REASONS: dict[str, Reason] = {
-    "Evicted": Reason.EVICTED,
-    "Preempting": Reason.PREEMPTED,
-    "NodeLost": Reason.NODE_LOST,
-    "Shutdown": Reason.NODE_LOST,
-    "NodeShutdown": Reason.NODE_LOST,
-    "Terminated": Reason.NODE_LOST,
-    "UnexpectedAdmissionError": Reason.EVICTED,
-}
+_STATUS_REASONS: Mapping[str, Reason] = MappingProxyType(
+    {
+        "Evicted": Reason.EVICTED,
+        "Preempting": Reason.PREEMPTED,
+        "NodeLost": Reason.NODE_LOST,
+        "Shutdown": Reason.NODE_LOST,
+        "NodeShutdown": Reason.NODE_LOST,
+        "Terminated": Reason.NODE_LOST,
+        "UnexpectedAdmissionError": Reason.EVICTED,
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +115,8 @@ def classify(pod: PodView, observed: Observed) -> Failure:
     if pod.disruption_reason is not None:
         reason = _DISRUPTION_REASONS.get(pod.disruption_reason, Reason.EVICTED)
         return Failure(reason, False, pod.exit_code, message or pod.disruption_reason)
-    if pod.status_reason in _STATUS_REASONS:
-        return Failure(_STATUS_REASONS[pod.status_reason], False, pod.exit_code, message)
+    if (platform := _STATUS_REASONS.get(pod.status_reason or "")) is not None:
+        return Failure(platform, False, pod.exit_code, message)
     if observed.node_lost(pod):
         return Failure(Reason.NODE_LOST, False, pod.exit_code, message)
     if pod.terminating:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from types import MappingProxyType
 
 from torchflex_contract.progress import AgentReport, AgentState
 from torchflex_operator.model.observed import PodView
@@ -27,14 +28,16 @@ from torchflex_operator.model.vocabulary import ConditionType, Reason
 from torchflex_operator.planning.context import Ctx, Draft
 
 # What an agent of the newest round does when it is not running workers.
-_NOT_TRAINING: Mapping[AgentState, tuple[Reason, str]] = {
-    AgentState.RESTARTING: (Reason.WORKERS_RESTARTING, "restarting its workers"),
-    AgentState.FAILED: (Reason.WORKERS_RESTARTING, "failed"),
-    AgentState.SUCCEEDED: (Reason.COMPLETING, "finished"),
-    AgentState.RENDEZVOUS: (Reason.RENDEZVOUSING, "re-forming the group"),
-    AgentState.INIT: (Reason.RENDEZVOUSING, "re-forming the group"),
-    AgentState.LEAVING: (Reason.RENDEZVOUSING, "leaving the group"),
-}
+_NOT_TRAINING: Mapping[AgentState, tuple[Reason, str]] = MappingProxyType(
+    {
+        AgentState.RESTARTING: (Reason.WORKERS_RESTARTING, "restarting its workers"),
+        AgentState.FAILED: (Reason.WORKERS_RESTARTING, "failed"),
+        AgentState.SUCCEEDED: (Reason.COMPLETING, "finished"),
+        AgentState.RENDEZVOUS: (Reason.RENDEZVOUSING, "re-forming the group"),
+        AgentState.INIT: (Reason.RENDEZVOUSING, "re-forming the group"),
+        AgentState.LEAVING: (Reason.RENDEZVOUSING, "leaving the group"),
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)

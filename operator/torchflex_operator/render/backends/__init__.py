@@ -16,20 +16,19 @@ the pod it runs, if any), the CRD's enum and their tests.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from torchflex_contract.rendezvous_backends import RendezvousBackend
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.render.backends import c10d, etcd
-from torchflex_operator.render.backends.c10d import STORE_DNS as STORE_DNS
-from torchflex_operator.render.backends.c10d import STORE_REQUESTS as STORE_REQUESTS
 from torchflex_operator.render.backends.c10d import store_pod as store_pod
 from torchflex_operator.render.backends.etcd import etcd_pod as etcd_pod
 from torchflex_operator.render.rendezvous import Host as Host
 from torchflex_operator.render.rendezvous import OperatorBackend as OperatorBackend
 
-REGISTRY: Mapping[RendezvousBackend, OperatorBackend] = {
-    b.name: b for b in (c10d.BACKEND, etcd.BACKEND)
-}
+REGISTRY: Mapping[RendezvousBackend, OperatorBackend] = MappingProxyType(
+    {b.name: b for b in (c10d.BACKEND, etcd.BACKEND)}
+)
 
 
 def host(job: JobSpec) -> Host | None:

@@ -5,26 +5,35 @@ Where it sits: one entry of the ``render.backends`` registry; pure.
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
 
 from torchflex_contract import env, labels
 from torchflex_contract.labels import Role
 from torchflex_contract.rendezvous_backends import RendezvousBackend
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec
-from torchflex_operator.render.manifests import Manifest, aux_pod, trainer_container
+from torchflex_operator.render.manifests import Manifest, aux_pod, thaw, trainer_container
 from torchflex_operator.render.rendezvous import Host, OperatorBackend
 
-STORE_REQUESTS = {"cpu": "100m", "memory": "512Mi"}
+STORE_REQUESTS: Mapping[str, str] = MappingProxyType({"cpu": "100m", "memory": "512Mi"})
 """The store process imports torch for its TCPStore: a few hundred MiB resident."""
 
-STORE_DNS: Manifest = {
-    "dnsPolicy": "None",
-    "dnsConfig": {
-        "nameservers": ["127.0.0.1"],
-        "options": [{"name": "attempts", "value": "1"}, {"name": "timeout", "value": "1"}],
-    },
-}
+STORE_DNS: Mapping[str, Any] = MappingProxyType(
+    {
+        "dnsPolicy": "None",
+        "dnsConfig": MappingProxyType(
+            {
+                "nameservers": ("127.0.0.1",),
+                "options": (
+                    MappingProxyType({"name": "attempts", "value": "1"}),
+                    MappingProxyType({"name": "timeout", "value": "1"}),
+                ),
+            }
+        ),
+    }
+)
 """The store pod's resolver: loopback, where nothing answers, so a lookup fails at once.
 
 torch's TCPStore server looks up every accepted peer's name (reverse DNS, for
@@ -65,7 +74,7 @@ def store_pod(job: JobSpec, settings: Settings) -> Manifest:
     if "imagePullPolicy" in trainer:
         container["imagePullPolicy"] = trainer["imagePullPolicy"]
     pod = aux_pod(job, labels.store_pod_name(job.name), Role.STORE, container)
-    pod["spec"].update(copy.deepcopy(STORE_DNS))
+    pod["spec"].update(thaw(STORE_DNS))
     return pod
 
 
