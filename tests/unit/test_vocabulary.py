@@ -37,7 +37,7 @@ STATUS_WORDS: tuple[type[enum.StrEnum], ...] = (
 )
 CONTRACT_WORDS: tuple[type[enum.StrEnum], ...] = (
     labels.Label,
-    labels.Role,
+    labels.PodKind,
     labels.Annotation,
     progress.AgentState,
     progress.RestartReason,
@@ -181,7 +181,7 @@ def _closed_strings() -> dict[str, str]:
     words: dict[str, str] = {}
     # Role values are left out: "worker", "store" and "etcd" also name
     # containers, a backend, a binary and a CLI subcommand.
-    for group in (*STATUS_WORDS, *(g for g in CONTRACT_WORDS if g is not labels.Role)):
+    for group in (*STATUS_WORDS, *(g for g in CONTRACT_WORDS if g is not labels.PodKind)):
         for w in group:
             if w.value and w.value not in KUBERNETES_WORDS:
                 words.setdefault(w.value, f"{group.__name__}.{w.name}")

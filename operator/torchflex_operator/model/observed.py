@@ -24,6 +24,7 @@ class PodView:
     name: str
     uid: str
     role: str
+    """The ``torchflex.io/role`` label: the pod's kind (``PodKind``), not its training role."""
     index: int | None = None
     phase: str = "Pending"
     ready: bool = False
@@ -42,6 +43,12 @@ class PodView:
     """``torchflex.io/spec-hash``: the job spec the pod was built from."""
     standby: bool = False
     """``torchflex.io/standby`` is ``"true"``: a warm spare, not a member (``spares``)."""
+
+    @property
+    def group(self) -> str | None:
+        """The training role of a worker pod (its worker group); None for other kinds.
+        One group today (``labels.WORKER_ROLE``): a later multi-role job reads it here."""
+        return labels.WORKER_ROLE if self.role == labels.PodKind.WORKER else None
 
     @property
     def terminating(self) -> bool:
@@ -165,14 +172,20 @@ class Observed:
     queue: Gate | None = None
     """What Kueue allows a queued job (``queueing.gate``); None: the job is not queued."""
 
-    def workers(self) -> list[PodView]:
-        return sorted(
-            (p for p in self.pods if p.role == labels.Role.WORKER and p.index is not None),
-            key=lambda p: (p.index or 0, p.name),
-        )
+    def groups(self) -> dict[str, list[PodView]]:
+        """Worker pods by training role (``PodView.group``), each group by index."""
+        out: dict[str, list[PodView]] = {}
+        for pod in sorted(self.pods, key=lambda p: (p.index or 0, p.name)):
+            if pod.group is not None and pod.index is not None:
+                out.setdefault(pod.group, []).append(pod)
+        return out
 
-    def role(self, role: labels.Role) -> list[PodView]:
-        return [p for p in self.pods if p.role == role]
+    def workers(self, role: str = labels.WORKER_ROLE) -> list[PodView]:
+        """The worker pods of one training role (the job's one group today), by index."""
+        return self.groups().get(role, [])
+
+    def of_kind(self, kind: labels.PodKind) -> list[PodView]:
+        return [p for p in self.pods if p.role == kind]
 
     def node_lost(self, pod: PodView) -> bool:
         """The pod's node is gone or NotReady (only when nodes were observed)."""

@@ -48,6 +48,8 @@ class Ctx:
     obs: Observed
     now: dt.datetime
     settings: Settings
+    role: str = labels.WORKER_ROLE
+    """The worker group (training role) this pass plans: the job's one group today."""
 
     @classmethod
     def of(
@@ -111,7 +113,7 @@ class Draft:
 
     @classmethod
     def start(cls, ctx: Ctx) -> Draft:
-        everyone = ctx.obs.workers()
+        everyone = ctx.obs.workers(ctx.role)
         return cls(
             status=replace(ctx.prior, conditions=ctx.prior.conditions or ()),
             members=tuple(w for w in everyone if not w.standby),
@@ -135,7 +137,7 @@ class Draft:
         return sum(
             1
             for m in self.create_pods
-            if m["metadata"]["labels"].get(labels.Label.ROLE) == labels.Role.WORKER
+            if m["metadata"]["labels"].get(labels.Label.ROLE) == labels.PodKind.WORKER
         )
 
     def condition(self, ctype: ConditionType) -> Condition | None:

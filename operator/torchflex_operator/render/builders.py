@@ -17,7 +17,7 @@ import json
 import os
 
 from torchflex_contract import env, labels
-from torchflex_contract.labels import Annotation, Role
+from torchflex_contract.labels import Annotation, PodKind
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec, SharedMemory
 from torchflex_operator.model.vocabulary import GangScheduling
@@ -190,13 +190,21 @@ def _standby(pod_spec: Manifest, container: Manifest) -> None:
     container["env"] = [*rest, {"name": env.STANDBY_FILE, "value": path}]
 
 
-def worker_pod(job: JobSpec, index: int, settings: Settings, *, spare: bool = False) -> Manifest:
-    """Worker pod ``index``; ``spare``: a warm spare (``spares``), the standby
-    annotation and its file added (nothing the spec hash covers changes)."""
+def worker_pod(
+    job: JobSpec,
+    index: int,
+    settings: Settings,
+    *,
+    spare: bool = False,
+    role: str = labels.WORKER_ROLE,
+) -> Manifest:
+    """Worker pod ``index`` of training role ``role`` (the job's one worker group today);
+    ``spare``: a warm spare (``spares``), the standby annotation and its file added
+    (nothing the spec hash covers changes)."""
     template = copy.deepcopy(dict(job.template))
     meta = dict(template.get("metadata") or {})
     pod_spec: Manifest = dict(template.get("spec") or {})
-    name = labels.worker_pod_name(job.name, index)
+    name = labels.worker_pod_name(job.name, index, role)
     container = trainer_container(pod_spec)
     wrap_command(container, settings.agent_command)
     ours = {e["name"] for e in contract_env(job, index, container)}
@@ -222,9 +230,9 @@ def worker_pod(job: JobSpec, index: int, settings: Settings, *, spare: bool = Fa
     _node_loss_tolerations(pod_spec, settings.node_loss_toleration_s)
     if settings.gang_scheduling is GangScheduling.ENABLED:
         pod_spec["schedulingGroup"] = podgroup.scheduling_group(job)
-    pod_labels = {**(meta.get("labels") or {}), **object_labels(job, Role.WORKER, index)}
+    pod_labels = {**(meta.get("labels") or {}), **object_labels(job, PodKind.WORKER, index)}
     annotations = {
-        **safe_to_evict(Role.WORKER),  # a template's own value wins
+        **safe_to_evict(PodKind.WORKER),  # a template's own value wins
         **(meta.get("annotations") or {}),
         Annotation.SPEC_HASH.value: template_hash(job),
     }
@@ -247,7 +255,7 @@ def worker_pod(job: JobSpec, index: int, settings: Settings, *, spare: bool = Fa
 
 def services(job: JobSpec) -> list[Manifest]:
     """Every Service the job needs: the workers', and its rendezvous host's if it has one."""
-    out = [headless_service(job, labels.workers_service_name(job.name), Role.WORKER, None)]
+    out = [headless_service(job, labels.workers_service_name(job.name), PodKind.WORKER, None)]
     host = backends.host(job)
     if host is not None:
         out.append(host.service(job))

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchflex_contract import labels
-from torchflex_contract.labels import Label, Role
+from torchflex_contract.labels import Label, PodKind
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.vocabulary import AutoscalerAnnotation
 
@@ -32,10 +32,10 @@ def owner_ref(job: JobSpec) -> Manifest:
     }
 
 
-def object_labels(job: JobSpec, role: Role, index: int | None = None) -> dict[str, str]:
+def object_labels(job: JobSpec, kind: PodKind, index: int | None = None) -> dict[str, str]:
     out = {
         Label.JOB_NAME.value: job.name,
-        Label.ROLE.value: role.value,
+        Label.ROLE.value: kind.value,
         Label.MANAGED_BY.value: labels.MANAGED_BY_VALUE,
     }
     if index is not None:
@@ -43,11 +43,11 @@ def object_labels(job: JobSpec, role: Role, index: int | None = None) -> dict[st
     return out
 
 
-def safe_to_evict(role: Role) -> dict[str, str]:
-    """cluster-autoscaler's annotation for a pod of ``role``: workers may be drained
+def safe_to_evict(kind: PodKind) -> dict[str, str]:
+    """cluster-autoscaler's annotation for a pod of ``kind``: workers may be drained
     (the job's PodDisruptionBudget holds its minimum), the store and etcd pods not
     (see ``disruption``)."""
-    value = "true" if role is Role.WORKER else "false"
+    value = "true" if kind is PodKind.WORKER else "false"
     return {AutoscalerAnnotation.SAFE_TO_EVICT.value: value}
 
 
@@ -58,7 +58,7 @@ def trainer_container(pod_spec: Manifest) -> Manifest:
     raise ValueError("template has no container named 'trainer'")
 
 
-def aux_pod(job: JobSpec, name: str, role: Role, container: Manifest) -> Manifest:
+def aux_pod(job: JobSpec, name: str, kind: PodKind, container: Manifest) -> Manifest:
     """Store/etcd pod: placed like the workers (selectors, tolerations), one container."""
     src: Manifest = dict(job.template.get("spec") or {})
     pod_spec: Manifest = {
@@ -85,30 +85,30 @@ def aux_pod(job: JobSpec, name: str, role: Role, container: Manifest) -> Manifes
         "metadata": {
             "name": name,
             "namespace": job.namespace,
-            "labels": object_labels(job, role),
-            "annotations": safe_to_evict(role),
+            "labels": object_labels(job, kind),
+            "annotations": safe_to_evict(kind),
             "ownerReferences": [owner_ref(job)],
         },
         "spec": pod_spec,
     }
 
 
-def headless_service(job: JobSpec, name: str, role: Role, port: int | None) -> Manifest:
+def headless_service(job: JobSpec, name: str, kind: PodKind, port: int | None) -> Manifest:
     spec: Manifest = {
         "clusterIP": "None",
         # DNS must work before readiness: agents rendezvous while starting.
         "publishNotReadyAddresses": True,
-        "selector": {Label.JOB_NAME.value: job.name, Label.ROLE.value: role.value},
+        "selector": {Label.JOB_NAME.value: job.name, Label.ROLE.value: kind.value},
     }
     if port is not None:
-        spec["ports"] = [{"name": role.value, "port": port, "targetPort": port}]
+        spec["ports"] = [{"name": kind.value, "port": port, "targetPort": port}]
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
             "name": name,
             "namespace": job.namespace,
-            "labels": object_labels(job, role),
+            "labels": object_labels(job, kind),
             "ownerReferences": [owner_ref(job)],
         },
         "spec": spec,

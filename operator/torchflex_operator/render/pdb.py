@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchflex_contract.env import STANDBY_TRUE
-from torchflex_contract.labels import Label, Role
+from torchflex_contract.labels import Label, PodKind
 from torchflex_operator.model.errors import NotOursError
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.render.manifests import Manifest, object_labels, owner_ref
@@ -57,7 +57,7 @@ def pod_disruption_budget(job: JobSpec) -> Manifest:
     """The job's PodDisruptionBudget: at least ``minReplicas`` Ready workers through
     any eviction, owned by the job."""
     selector: Manifest = {
-        "matchLabels": {Label.JOB_NAME.value: job.name, Label.ROLE.value: Role.WORKER.value}
+        "matchLabels": {Label.JOB_NAME.value: job.name, Label.ROLE.value: PodKind.WORKER.value}
     }
     if job.warm_spares:
         # A Ready warm spare is no member: counted, it would let a drain take the
@@ -71,7 +71,7 @@ def pod_disruption_budget(job: JobSpec) -> Manifest:
         "metadata": {
             "name": budget_name(job),
             "namespace": job.namespace,
-            "labels": object_labels(job, Role.WORKER),
+            "labels": object_labels(job, PodKind.WORKER),
             "ownerReferences": [owner_ref(job)],
         },
         "spec": {

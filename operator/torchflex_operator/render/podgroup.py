@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from torchflex_contract.labels import Role
+from torchflex_contract.labels import PodKind
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.vocabulary import GangScheduling
@@ -51,7 +51,7 @@ def pod_group(job: JobSpec) -> Manifest:
         "metadata": {
             "name": pod_group_name(job),
             "namespace": job.namespace,
-            "labels": object_labels(job, Role.WORKER),
+            "labels": object_labels(job, PodKind.WORKER),
             "ownerReferences": [owner_ref(job)],
         },
         "spec": {"schedulingPolicy": {"gang": {"minCount": job.min_replicas}}},

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from torchflex_contract.labels import Role
+from torchflex_contract.labels import PodKind
 from torchflex_contract.rendezvous_backends import RendezvousBackend
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec
@@ -21,7 +21,8 @@ from torchflex_operator.render.manifests import Manifest, headless_service
 class Host:
     """A pod the operator runs to hold one job's rendezvous state, behind a headless Service."""
 
-    role: Role
+    role: PodKind
+    """The host pod's kind (its ``torchflex.io/role`` label)."""
     pod_name: str
     service_name: str
     port: int

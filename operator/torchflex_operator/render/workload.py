@@ -31,7 +31,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchflex_contract.labels import Role
+from torchflex_contract.labels import PodKind
 from torchflex_operator.model.kueue import Admission, Gate
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.timestamps import format_time
@@ -91,7 +91,7 @@ def workload(job: JobSpec, priority: int | None) -> Manifest:
             "name": workload_name(job),
             "namespace": job.namespace,
             # Kueue names the job's UID in its messages (and its metrics) from this label.
-            "labels": {**object_labels(job, Role.WORKER), KueueLabel.JOB_UID.value: job.uid},
+            "labels": {**object_labels(job, PodKind.WORKER), KueueLabel.JOB_UID.value: job.uid},
             "ownerReferences": [owner_ref(job)],
         },
         "spec": spec,

@@ -72,7 +72,7 @@ def test_evictions_stop_at_min_replicas_and_follow_it(
     assert owner["uid"] == get_job(cluster, namespace, name)["metadata"]["uid"]
     safe = AutoscalerAnnotation.SAFE_TO_EVICT.value
     assert all(p["metadata"]["annotations"][safe] == "true" for p in pods(cluster, namespace, name))
-    (store,) = pods(cluster, namespace, name, labels.Role.STORE)
+    (store,) = pods(cluster, namespace, name, labels.PodKind.STORE)
     assert store["metadata"]["annotations"][safe] == "false"
 
     # At its minimum, the job loses no worker to a drain.

@@ -10,7 +10,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from torchflex_contract import labels
-from torchflex_contract.labels import Role
+from torchflex_contract.labels import PodKind as Role
 from torchflex_operator.model.observed import Observed, PodView
 from torchflex_operator.model.plan import Plan
 from torchflex_operator.model.spec import JobSpec

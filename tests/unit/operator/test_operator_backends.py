@@ -10,7 +10,8 @@ import pytest
 
 from tests.unit.operator.factories import NAME, NS, job
 from torchflex_contract import env, labels
-from torchflex_contract.labels import Label, Role
+from torchflex_contract.labels import Label
+from torchflex_contract.labels import PodKind as Role
 from torchflex_contract.rendezvous_backends import SPEC_BACKENDS
 from torchflex_operator.model.errors import InvalidSpecError
 from torchflex_operator.model.settings import Settings

@@ -30,7 +30,8 @@ from tests.unit.operator.factories import (
     raising,
     worker,
 )
-from torchflex_contract.labels import Label, Role
+from torchflex_contract.labels import Label
+from torchflex_contract.labels import PodKind as Role
 from torchflex_operator.kube import Kube
 from torchflex_operator.model.errors import AccessDeniedError, ApiAbsentError, RetryableError
 from torchflex_operator.model.settings import Settings

@@ -22,7 +22,7 @@ from tests.unit.operator.factories import (
 )
 from torchflex_contract import labels
 from torchflex_contract.exit_codes import SIGKILL_EXIT, ExitCode
-from torchflex_contract.labels import Role
+from torchflex_contract.labels import PodKind as Role
 from torchflex_operator.model.observed import Observed, PodView
 from torchflex_operator.model.plan import Plan
 from torchflex_operator.model.settings import Settings

@@ -24,7 +24,7 @@ def test_worker_pod_shape() -> None:
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == labels.worker_pod_name(NAME, 2)
     assert meta["labels"][labels.Label.REPLICA_INDEX] == "2"
-    assert meta["labels"][labels.Label.ROLE] == labels.Role.WORKER
+    assert meta["labels"][labels.Label.ROLE] == labels.PodKind.WORKER
     assert meta["ownerReferences"][0]["controller"] is True
     assert spec["restartPolicy"] == "Never"
     assert spec["hostname"] == meta["name"]

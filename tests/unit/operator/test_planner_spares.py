@@ -29,7 +29,8 @@ from tests.unit.operator.factories import (
     written,
 )
 from torchflex_contract import env, labels
-from torchflex_contract.labels import Annotation, Role
+from torchflex_contract.labels import Annotation
+from torchflex_contract.labels import PodKind as Role
 from torchflex_contract.progress import AgentReport, AgentState
 from torchflex_operator.kube import Kube
 from torchflex_operator.model.errors import InvalidSpecError

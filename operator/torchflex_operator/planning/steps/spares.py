@@ -89,9 +89,10 @@ def keep(ctx: Ctx, d: Draft) -> Draft:
     occupied = {w.index for w in (*d.members, *d.spares)}
     free = [i for i in range(job.desired, top) if i not in occupied]
     take = free[: max(0, min(missing, budget.allowed - created))]
-    d = d.create(*(builders.worker_pod(job, index, ctx.settings, spare=True) for index in take))
+    built = (builders.worker_pod(job, i, ctx.settings, spare=True, role=ctx.role) for i in take)
+    d = d.create(*built)
     if take:
-        names = ", ".join(labels.worker_pod_name(job.name, i) for i in take)
+        names = ", ".join(labels.worker_pod_name(job.name, i, ctx.role) for i in take)
         d = d.event(EventType.NORMAL, EventReason.CREATED_POD, f"created warm spare {names}")
     return d
 

@@ -8,7 +8,7 @@ dial the user's own store. The agents' store errors come from their reports
 
 from __future__ import annotations
 
-from torchflex_contract.labels import Role
+from torchflex_contract.labels import PodKind
 from torchflex_operator.model.observed import PodView
 from torchflex_operator.model.timestamps import format_time
 from torchflex_operator.model.vocabulary import ConditionType, EventReason, EventType, Reason
@@ -24,7 +24,7 @@ def rendezvous_host(ctx: Ctx, d: Draft) -> Draft:
     if host is None:  # the user's own store: nothing to run
         return d
     role, name = host.role, host.pod_name
-    pods = [p for p in ctx.obs.role(role) if p.name == name]
+    pods = [p for p in ctx.obs.of_kind(role) if p.name == name]
     for pod in pods:
         if pod.finished and not pod.terminating:
             d = d.delete(pod)
@@ -43,7 +43,7 @@ def rendezvous_host(ctx: Ctx, d: Draft) -> Draft:
 
 
 def _host(ctx: Ctx, d: Draft) -> PodView | None:
-    hosts = [*ctx.obs.role(Role.STORE), *ctx.obs.role(Role.ETCD)]
+    hosts = [*ctx.obs.of_kind(PodKind.STORE), *ctx.obs.of_kind(PodKind.ETCD)]
     return next((h for h in hosts if h.name == d.status.rendezvous_host), None)
 
 

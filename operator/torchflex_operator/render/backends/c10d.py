@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from torchflex_contract import env, labels
-from torchflex_contract.labels import Role
+from torchflex_contract.labels import PodKind
 from torchflex_contract.rendezvous_backends import RendezvousBackend
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec
@@ -73,7 +73,7 @@ def store_pod(job: JobSpec, settings: Settings) -> Manifest:
     }
     if "imagePullPolicy" in trainer:
         container["imagePullPolicy"] = trainer["imagePullPolicy"]
-    pod = aux_pod(job, labels.store_pod_name(job.name), Role.STORE, container)
+    pod = aux_pod(job, labels.store_pod_name(job.name), PodKind.STORE, container)
     pod["spec"].update(thaw(STORE_DNS))
     return pod
 
@@ -81,7 +81,7 @@ def store_pod(job: JobSpec, settings: Settings) -> Manifest:
 def host(job: JobSpec) -> Host:
     """The store pod every c10d job runs, behind its headless Service."""
     return Host(
-        Role.STORE,
+        PodKind.STORE,
         labels.store_pod_name(job.name),
         labels.store_service_name(job.name),
         env.DEFAULT_STORE_PORT,

@@ -6,7 +6,7 @@ Where it sits: one entry of the ``render.backends`` registry; pure.
 from __future__ import annotations
 
 from torchflex_contract import env, labels
-from torchflex_contract.labels import Role
+from torchflex_contract.labels import PodKind
 from torchflex_contract.rendezvous_backends import RendezvousBackend
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec
@@ -34,13 +34,13 @@ def etcd_pod(job: JobSpec, settings: Settings) -> Manifest:
         ],
         "ports": [{"name": "client", "containerPort": env.DEFAULT_ETCD_PORT}],
     }
-    return aux_pod(job, name, Role.ETCD, container)
+    return aux_pod(job, name, PodKind.ETCD, container)
 
 
 def pod_host(job: JobSpec) -> Host:
     """The etcd pod of a ``managedEtcd`` job, behind its headless Service."""
     return Host(
-        Role.ETCD,
+        PodKind.ETCD,
         labels.etcd_pod_name(job.name),
         labels.etcd_service_name(job.name),
         env.DEFAULT_ETCD_PORT,
