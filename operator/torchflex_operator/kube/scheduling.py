@@ -4,7 +4,7 @@ Where it sits: in the ``kube`` package (the only place that talks to the Kuberne
 API), between ``transport.KubeBase`` and ``calls.Kube``. Each resource here is one a
 cluster may not serve (the Workload API's PodGroups, Kueue's Workloads) or one the
 operator keeps in step with the spec (the PodDisruptionBudget): created, or patched
-where ``gang``, ``disruption`` or ``queueing`` says the live object differs.
+where ``render.podgroup``, ``render.pdb`` or ``render.workload`` says the live object differs.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class SchedulingCalls(KubeBase):
             diff=podgroup.min_count_patch,
         )
 
-    # -- the job's PodDisruptionBudget (``disruption``) ----------------------------------
+    # -- the job's PodDisruptionBudget (``render.pdb``) ----------------------------------
 
     async def apply_disruption_budget(self, manifest: Mapping[str, Any]) -> None:
         """Create the budget, or bring an existing one's owned fields to the manifest's."""

@@ -51,7 +51,7 @@ class RefusedError(PermanentError):
     from admission such as Pod Security), with the server's own message.
 
     The reconciler turns it into a condition and an Event on the job instead
-    of failing the pass (see ``verdicts.refusals``).
+    of failing the pass (see ``planning.steps.children.refusals``).
     """
 
     def __init__(self, detail: str, code: int, server_message: str) -> None:

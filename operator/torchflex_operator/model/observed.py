@@ -42,7 +42,8 @@ class PodView:
     spec_hash: str | None = None
     """``torchflex.io/spec-hash``: the job spec the pod was built from."""
     standby: bool = False
-    """``torchflex.io/standby`` is ``"true"``: a warm spare, not a member (``spares``)."""
+    """``torchflex.io/standby`` is ``"true"``: a warm spare, not a member
+    (``planning.steps.spares``)."""
 
     @property
     def group(self) -> str | None:
@@ -170,7 +171,7 @@ class Observed:
     posted_events: frozenset[int] = frozenset()
     """Ids of ``status.pendingEvents`` this operator has posted (see events.py)."""
     queue: Gate | None = None
-    """What Kueue allows a queued job (``queueing.gate``); None: the job is not queued."""
+    """What Kueue allows a queued job (``render.workload.gate``); None: the job is not queued."""
 
     def groups(self) -> dict[str, list[PodView]]:
         """Worker pods by training role (``PodView.group``), each group by index."""

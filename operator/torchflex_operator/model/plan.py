@@ -30,7 +30,8 @@ class PodDelete:
 
 @dataclasses.dataclass(frozen=True)
 class PodPromote:
-    """Set a warm spare's ``torchflex.io/standby`` annotation to ``"false"`` (``spares``)."""
+    """Set a warm spare's ``torchflex.io/standby`` annotation to ``"false"``
+    (``planning.steps.spares``)."""
 
     name: str
     uid: str

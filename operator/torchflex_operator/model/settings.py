@@ -42,7 +42,7 @@ class Settings:
     refusal_retry_s: float = 10.0
     """After the API refused a create with a 403 (admission), wait this long to retry."""
     queue_poll_s: float = 10.0
-    """A queued job (``queueing``) re-reads its Workload at least this often: admission and
+    """A queued job (``render.workload``) re-reads its Workload at least this often: admission and
     eviction are seen even where the Workload watch could not start (Kueue installed
     after the operator)."""
     operator_namespace: str | None = None
@@ -52,5 +52,6 @@ class Settings:
     operator_cidrs: tuple[str, ...] = ()
     """Source ranges of an operator outside the cluster, admitted to the agents' health port."""
     gang_scheduling: GangScheduling | None = None
-    """Not a flag: what the reconciler found the API serves (``gang``); None until it asked.
+    """Not a flag: what the reconciler found the API serves (``render.podgroup``); None until
+    it asked.
     ``ENABLED`` links worker pods to their job's PodGroup."""

@@ -77,11 +77,13 @@ class JobSpec:
     """``spec.networkPolicy.enabled``: the operator keeps a NetworkPolicy isolating the job."""
     shared_memory: SharedMemory = SharedMemory()
     queue_name: str | None = None
-    """Kueue's LocalQueue (label ``kueue.x-k8s.io/queue-name``): it gates the job (``queueing``)."""
+    """Kueue's LocalQueue (label ``kueue.x-k8s.io/queue-name``): it gates the job
+    (``render.workload``)."""
     priority_class: str | None = None
     """Kueue's WorkloadPriorityClass (label ``kueue.x-k8s.io/priority-class``)."""
     warm_spares: int = 0
-    """``spec.warmSpares``: prewarmed pods kept beyond ``desired`` to scale up fast (``spares``)."""
+    """``spec.warmSpares``: prewarmed pods kept beyond ``desired`` to scale up fast
+    (``planning.steps.spares``)."""
 
     @property
     def desired(self) -> int:

@@ -2,7 +2,7 @@
 
 Where it sits: at the edges of the pure layer. ``status`` parses and writes
 the job's status times with these, ``observed`` reads pods' creation and
-deletion times, ``election`` reads and writes a Lease's times and ``kube``
+deletion times, ``planning.lease`` reads and writes a Lease's times and ``kube``
 stamps Events; everything in between compares ``datetime`` values, never strings.
 """
 

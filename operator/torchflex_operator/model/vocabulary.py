@@ -74,7 +74,7 @@ class Reason(enum.StrEnum):
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED = "Resumed"
     WAITING_FOR_ADMISSION = "WaitingForAdmission"
-    """Queued in Kueue (``queueing``): no pods until its Workload is admitted."""
+    """Queued in Kueue (``render.workload``): no pods until its Workload is admitted."""
     EVICTED_BY_KUEUE = "EvictedByKueue"
     """Kueue evicted or preempted its Workload: pods stopped gracefully, checkpoint kept."""
     # Succeeded
@@ -150,11 +150,13 @@ class EventReason(enum.StrEnum):
     BUDGET_NOT_APPLIED = "DisruptionBudgetNotApplied"
     """The job's PodDisruptionBudget could not be written (Warning; the job runs without it)."""
     SPARE_PROMOTED = "SparePromoted"
-    """A warm spare became a member: its standby annotation was set to false (``spares``)."""
+    """A warm spare became a member: its standby annotation was set to false
+    (``planning.steps.spares``)."""
 
 
 class GangScheduling(enum.StrEnum):
-    """``status.gangScheduling``: whether the job's minimum is placed as one gang (``gang``)."""
+    """``status.gangScheduling``: whether the job's minimum is placed as one gang
+    (``render.podgroup``)."""
 
     ENABLED = "Enabled"
     """The cluster serves PodGroups: the job owns one with a gang policy of ``minReplicas``."""
@@ -163,7 +165,7 @@ class GangScheduling(enum.StrEnum):
 
 
 class AutoscalerAnnotation(enum.StrEnum):
-    """cluster-autoscaler's pod annotation the operator writes (``disruption``)."""
+    """cluster-autoscaler's pod annotation the operator writes (``render.pdb``)."""
 
     SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
     """``"true"`` on workers: a pod of a custom controller otherwise blocks scale-down of
@@ -173,7 +175,7 @@ class AutoscalerAnnotation(enum.StrEnum):
 
 class KueueLabel(enum.StrEnum):
     """Kueue's label keys the operator reads on an ElasticJob or writes on its
-    Workload (``queueing``)."""
+    Workload (``render.workload``)."""
 
     QUEUE_NAME = "kueue.x-k8s.io/queue-name"
     """The LocalQueue: a job labelled with it runs only while its Workload is admitted."""
@@ -184,7 +186,7 @@ class KueueLabel(enum.StrEnum):
 
 
 class KueueCondition(enum.StrEnum):
-    """Kueue's Workload condition types the operator reads and writes (``queueing``)."""
+    """Kueue's Workload condition types the operator reads and writes (``render.workload``)."""
 
     QUOTA_RESERVED = "QuotaReserved"
     ADMITTED = "Admitted"
@@ -195,7 +197,7 @@ class KueueCondition(enum.StrEnum):
 
 class KueueConditionReason(enum.StrEnum):
     """Reasons of the Workload conditions the operator writes, as Kueue's own job
-    controllers write them (``queueing.release_patch``, ``finished_patch``)."""
+    controllers write them (``render.workload.release_patch``, ``finished_patch``)."""
 
     EVICTED = "Evicted"
     """Requeued's reason when Kueue's Evicted condition named none."""

@@ -43,7 +43,7 @@ def template_hash(job: JobSpec) -> str:
     """Hash of every spec field baked into a worker pod (``spec.replicas`` is not one).
 
     Pods carry it in ``torchflex.io/spec-hash``; a pod whose hash differs is
-    out of date and the planner rolls it (see ``planner._Pass.roll``).
+    out of date and the planner rolls it (see ``planning.steps.rolling``).
     """
     baked = {
         "template": job.template,
@@ -199,7 +199,7 @@ def worker_pod(
     role: str = labels.WORKER_ROLE,
 ) -> Manifest:
     """Worker pod ``index`` of training role ``role`` (the job's one worker group today);
-    ``spare``: a warm spare (``spares``), the standby annotation and its file added
+    ``spare``: a warm spare (``planning.steps.spares``), the standby annotation and its file added
     (nothing the spec hash covers changes)."""
     template = copy.deepcopy(dict(job.template))
     meta = dict(template.get("metadata") or {})

@@ -46,7 +46,7 @@ def object_labels(job: JobSpec, kind: PodKind, index: int | None = None) -> dict
 def safe_to_evict(kind: PodKind) -> dict[str, str]:
     """cluster-autoscaler's annotation for a pod of ``kind``: workers may be drained
     (the job's PodDisruptionBudget holds its minimum), the store and etcd pods not
-    (see ``disruption``)."""
+    (see ``render.pdb``)."""
     value = "true" if kind is PodKind.WORKER else "false"
     return {AutoscalerAnnotation.SAFE_TO_EVICT.value: value}
 

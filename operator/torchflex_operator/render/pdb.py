@@ -1,6 +1,6 @@
 """Voluntary disruptions: the job's PodDisruptionBudget and cluster-autoscaler's pod annotation.
 
-Where it sits: pure, beside ``gang`` and ``builders``. A drain (``kubectl
+Where it sits: pure, beside ``render.podgroup`` and ``builders``. A drain (``kubectl
 drain``, cluster-autoscaler's scale-down, a node termination handler) evicts
 through the Eviction API, which honours PodDisruptionBudgets. Each live job
 owns one, named like the job, over its worker pods with ``minAvailable:

@@ -94,7 +94,7 @@ def needs_write(job: JobSpec, written: int | None) -> bool:
 
 
 def pods_at_once(job: JobSpec, settings: Settings) -> int:
-    """How many worker pods creation must allow unscheduled at once (``pacing``):
+    """How many worker pods creation must allow unscheduled at once (``planning.rules.pacing``):
     the gang's minimum, which the scheduler waits to see whole before placing any."""
     return job.min_replicas if settings.gang_scheduling is GangScheduling.ENABLED else 0
 

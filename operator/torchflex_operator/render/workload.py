@@ -1,6 +1,6 @@
 """Kueue admission of a queued job: its Workload, what admission allows, and the release.
 
-Where it sits: pure, beside ``gang``. Kueue (``sigs.k8s.io/kueue``) runs
+Where it sits: pure, beside ``render.podgroup``. Kueue (``sigs.k8s.io/kueue``) runs
 ElasticJob as an *external framework* (its config names
 ``ElasticJob.v1alpha1.torchflex.io`` under ``integrations.externalFrameworks``):
 Kueue admits Workloads, and the framework's own controller (this operator)
@@ -13,7 +13,7 @@ the minimum), the worker pod template, and the priority of its
 
 ``gate`` reads the Workload and says what the planner does: hold the job
 suspended (no pods) while it waits, run it at the admitted count, or suspend it
-gracefully when Kueue evicts or preempts it (``lifecycle.suspend``: SIGTERM,
+gracefully when Kueue evicts or preempts it (``planning.steps.lifecycle.suspend``: SIGTERM,
 the checkpoint stays). ``workload_action`` says what the reconciler then
 writes on the Workload, mirroring Kueue's own job controllers: once an evicted
 job has no pod left, its quota reservation is released (``release_patch``:

@@ -9,7 +9,7 @@ while Kueue holds the job, when the watch has not delivered it, and once per
 applying the plan calls ``write``, which does what ``workload.workload_action``
 decided: create the Workload, give an evicted job's quota reservation back,
 mark it Finished, or delete it (the job's replicas changed, or its queue label
-was removed). Decisions stay in ``queueing``; nothing here decides.
+was removed). Decisions stay in ``render.workload``; nothing here decides.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ planning. Final reports come from ``containerStatuses[].state.terminated
 pod IPs that pod status reports (never a Service IP), with a short timeout,
 a few pods per job, at most once per interval: status freshness is
 best-effort and must never slow reconciling down much. Pods that some
-report names lost (``fencing.suspects``) are asked too, in the same pass,
+report names lost (``planning.rules.fencing.suspects``) are asked too, in the same pass,
 and those that do not answer are remembered (``unanswered``): the planner
 fences a pod only on the group's verdict plus its own silence.
 

@@ -28,7 +28,7 @@ class _JobExpectations:
     deleted: dict[str, tuple[bool, dt.datetime]] = dataclasses.field(default_factory=dict)
     """pod uid -> (forced, when)"""
     promoted: dict[str, dt.datetime] = dataclasses.field(default_factory=dict)
-    """pod uid -> when its standby annotation was patched to false (``spares``)"""
+    """pod uid -> when its standby annotation was patched to false (``planning.steps.spares``)"""
 
 
 class Expectations:

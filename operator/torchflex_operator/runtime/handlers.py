@@ -97,9 +97,9 @@ def register(reconciler: Reconciler, *, watch_nodes: bool = True) -> kopf.Operat
         if key is not None:
             reconciler.enqueue(key)
 
-    # Kueue's Workloads of queued jobs (``queueing``). Where Kueue is not installed
+    # Kueue's Workloads of queued jobs (``render.workload``). Where Kueue is not installed
     # kopf says the resource is unresolved; a queued job also re-reads its Workload
-    # (``queueing.must_read``), so a watch that never started only slows Kueue's word.
+    # (``render.workload.must_read``), so a watch that never started only slows Kueue's word.
     @kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels=_OWNED, registry=registry)
     async def workload_event(type: str, body: kopf.Body, **_: Any) -> None:
         key = reconciler.workloads.seen(type, dict(body))

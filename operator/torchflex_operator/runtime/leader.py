@@ -1,11 +1,11 @@
 """Active/standby between operator replicas: the gate our reconcile workers obey.
 
 Where it sits: between ``kube`` (the Lease reads and writes) and the
-``reconciler`` (its workers wait on ``Gate.wait_active``; ``cli`` also hands
+``runtime.reconcile`` (its workers wait on ``Gate.wait_active``; ``cli`` also hands
 ``Gate.active`` to ``Kube.may_write``, so even a pass already running sends no
 write once the gate is closed). ``Gate`` alone (``--standalone``) is
 always open. ``LeaseGate`` runs client-go style leader election on a
-``coordination.k8s.io`` Lease: the rules are pure (``election``); this module
+``coordination.k8s.io`` Lease: the rules are pure (``planning.lease``); this module
 is the loop that reads, writes, keeps time and opens or closes the gate.
 
 kopf itself runs standalone on every replica: its watches only fill our

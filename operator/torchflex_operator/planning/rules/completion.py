@@ -1,6 +1,6 @@
 """When a job is done: every member of the final round exited 0.
 
-Where it sits: a pure step of the planner (``planner.plan`` asks ``judge``
+Where it sits: a pure rule of the planner (``steps.outcome`` asks ``judge``
 before anything else once a worker pod has exited 0). The facts come from
 the pods themselves: each agent's final report (its termination message)
 carries the round it last trained in, the number of nodes in that round and

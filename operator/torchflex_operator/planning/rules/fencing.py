@@ -1,6 +1,7 @@
 """Acting on the group's verdict: silent members and a silent store.
 
-Where it sits: pure steps the planner calls with the agents' reports
+Where it sits: pure rules the planner's steps (``steps.fence``, ``steps.store``) and
+``runtime.agent_status`` call with the agents' reports
 (``Observed.reports``, ``Observed.unanswered``). The operator does not judge
 liveness itself (the process kubelet runs no probes, and a probe only sees
 its own pod); the agents do, by heartbeats and presence links, and say so in

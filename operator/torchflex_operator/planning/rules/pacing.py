@@ -1,6 +1,7 @@
 """How many worker pods one pass may create: growing batches, a cap on Pending.
 
-Where it sits: a pure step of the planner's ``scale``. Like the Job
+Where it sits: a pure rule of the planner's ``steps.scaling.scale`` (and
+``steps.spares.keep``). Like the Job
 controller's slow start, creation grows with evidence that pods start: a
 pass may add at most ``max(create_batch_initial, scheduled)`` pods beyond
 those still waiting for a node, so batches go initial, initial, 2x, 4x, ...
@@ -9,7 +10,7 @@ pods sit unscheduled at once, whatever ``maxReplicas`` says (10,000 pods on
 a one-node cluster is 10,000 objects for the API server and etcd and no
 training). A pod counts as scheduled once it has a node.
 
-A gang (``gang``) changes the evidence: the scheduler places none of a
+A gang (``render.podgroup``) changes the evidence: the scheduler places none of a
 job's pods until ``minReplicas`` of them exist, so ``at_once`` (the gang's
 minimum) raises both the batch and the cap to it; without that, a job of
 ``minReplicas`` above the batch or the cap would wait for itself forever.

@@ -1,8 +1,8 @@
 """Rolling a changed job spec through the workers, one running pod at a time.
 
-Where it sits: a step of the pure planner (``planner._Pass.roll``). Every
+Where it sits: a pure rule of the planner's ``steps.rolling``. Every
 worker pod carries the hash of the spec it was built from
-(``builders.template_hash``); a pod with another hash is out of date.
+(``render.builders.template_hash``); a pod with another hash is out of date.
 Pending out-of-date pods go at once (they hold no training state); running
 ones one at a time, highest index first, and only once the previous
 replacement runs: every membership change costs the group one
