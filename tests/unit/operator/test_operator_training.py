@@ -28,8 +28,8 @@ from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.status import JobStatus, TrainingProgress, WorkerException
 from torchflex_operator.model.vocabulary import ConditionType, Phase, Reason
 from torchflex_operator.planning import plan
+from torchflex_operator.planning.rules.activity import group_state
 from torchflex_operator.planning.rules.failures import root_cause
-from torchflex_operator.planning.steps.training import group_state
 
 RUNNING: dict[str, Any] = {"phase": "Running", "startTime": ago(10), "desiredReplicas": 2}
 W0, W1, W2 = (labels.worker_pod_name("demo", i) for i in range(3))

@@ -94,7 +94,7 @@ def hold(ctx: Ctx, d: Draft) -> Draft:
     )
 
 
-def why_suspended(ctx: Ctx) -> tuple[Reason, str]:
+def _why_suspended(ctx: Ctx) -> tuple[Reason, str]:
     """The reason and message of a suspended job's idle conditions."""
     gate = ctx.obs.queue
     if not ctx.job.suspend and gate is not None and gate.holds:
@@ -148,7 +148,7 @@ def idle(ctx: Ctx, d: Draft) -> Draft:
         phase = d.status.phase.value.lower() if d.status.phase else ""
         reason, message = Reason.JOB_FINISHED, f"the job {phase}; nothing runs"
     elif d.status.phase is Phase.SUSPENDED:
-        reason, message = why_suspended(ctx)
+        reason, message = _why_suspended(ctx)
     else:
         return d
     d = d.set_condition(ctx, ConditionType.TRAINING, status=False, reason=reason, message=message)

@@ -32,7 +32,7 @@ from torchflex_operator.planning.rules.failures import classify
 from torchflex_operator.render import builders, podgroup
 
 
-def wanted(ctx: Ctx) -> int:
+def _wanted(ctx: Ctx) -> int:
     """Spares the job keeps now: only room to grow (``maxReplicas - desired``) is filled;
     in a Kueue queue, only room within the admitted count (Kueue's quota covers no more)."""
     top = ctx.job.max_replicas
@@ -63,7 +63,7 @@ def promote(ctx: Ctx, d: Draft) -> Draft:
 
 def keep(ctx: Ctx, d: Draft) -> Draft:
     """Delete spares that failed, are out of date or out of range; create the missing ones."""
-    job, want = ctx.job, wanted(ctx)
+    job, want = ctx.job, _wanted(ctx)
     top = job.desired + want  # spares live at indices desired .. top - 1
     current = builders.template_hash(job)
     failed = [s for s in d.spares if s.phase == "Failed"]
