@@ -109,7 +109,7 @@ class Draft:
     held: bool = False
     """A refused create waits (``steps.children.refusals``): nothing is created."""
     budget: Budget | None = None
-    """The creation budget the members' scale-up used (``steps.scaling.scale``)."""
+    """The pass's creation budget, computed once (``steps.scaling.pace``)."""
 
     @classmethod
     def start(cls, ctx: Ctx) -> Draft:

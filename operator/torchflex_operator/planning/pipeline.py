@@ -73,6 +73,7 @@ LIVE: tuple[Step, ...] = (
     store.rendezvous_host,
     children.services,
     children.network_policy,
+    scaling.pace,
     scaling.scale,
     rolling.roll,
     spares.keep,

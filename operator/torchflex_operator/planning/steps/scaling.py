@@ -1,9 +1,10 @@
 """Steps on the group's size: enough members running, scaling toward ``desiredReplicas``,
 and ``AtDesiredSize`` saying why the job is not there.
 
-Where it sits: pure steps ``(Ctx, Draft) -> Draft`` of the planner's pipeline. ``scale``
-hands the creation budget it used (``rules.pacing``) to ``desired_size`` in
-``Draft.budget``; a refused create (``Draft.held``) creates nothing.
+Where it sits: pure steps ``(Ctx, Draft) -> Draft`` of the planner's pipeline. ``pace``
+computes the pass's creation budget once (``rules.pacing``) and hands it on in
+``Draft.budget`` to ``scale``, ``steps.spares.keep`` and ``desired_size``; a refused
+create (``Draft.held``) creates nothing.
 """
 
 from __future__ import annotations
@@ -56,8 +57,19 @@ def availability(ctx: Ctx, d: Draft) -> Draft:
     return d.wake_in(left)
 
 
+def pace(ctx: Ctx, d: Draft) -> Draft:
+    """The pass's creation budget (``rules.pacing``), computed once for whichever group
+    grows: the members while some are missing (``scale``), else members and warm spares
+    together (``steps.spares.keep``: spares are created only once no member is missing)."""
+    job = ctx.job
+    missing = sum(1 for w in d.members if w.active) < job.desired
+    pool = d.members if missing else (*d.members, *d.spares)
+    at_once = podgroup.pods_at_once(job, ctx.settings)
+    return replace(d, budget=pacing.budget(pool, ctx.settings, at_once))
+
+
 def scale(ctx: Ctx, d: Draft) -> Draft:
-    """Scale toward ``desiredReplicas`` (a refused create waits); hand on the budget used."""
+    """Scale toward ``desiredReplicas`` within ``Draft.budget`` (a refused create waits)."""
     job = ctx.job
     desired = job.desired
     prior_desired = d.status.desired_replicas
@@ -68,7 +80,7 @@ def scale(ctx: Ctx, d: Draft) -> Draft:
             EventReason.SCALED_UP if up else EventReason.SCALED_DOWN,
             f"desired replicas {prior_desired} -> {desired}",
         )
-    d = replace(d.with_status(desired_replicas=desired), budget=None)
+    d = d.with_status(desired_replicas=desired)
     active = [w for w in d.members if w.active]
     if len(active) > desired:
         # Members in the warm spares' range first (spares live there), then
@@ -94,8 +106,8 @@ def scale(ctx: Ctx, d: Draft) -> Draft:
     if until is not None and until > ctx.now:
         return d.wake_in((until - ctx.now).total_seconds())
     # At most maxReplicas worker objects, one pod per index, paced (pacing.py).
-    at_once = podgroup.pods_at_once(job, ctx.settings)
-    budget = pacing.budget(d.members, ctx.settings, at_once)
+    budget = d.budget
+    assert budget is not None, "pace runs before scale"
     occupied = {w.index for w in (*d.members, *d.spares)}
     room = job.max_replicas - len(d.members) - len(d.spares)
     take = min(missing, room, budget.allowed)
@@ -104,7 +116,7 @@ def scale(ctx: Ctx, d: Draft) -> Draft:
     if free:
         names = ", ".join(labels.worker_pod_name(job.name, i, ctx.role) for i in free)
         d = d.event(EventType.NORMAL, EventReason.CREATED_POD, f"created {names}")
-    return replace(d, budget=budget)
+    return d
 
 
 def desired_size(ctx: Ctx, d: Draft) -> Draft:

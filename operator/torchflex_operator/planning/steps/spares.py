@@ -27,9 +27,9 @@ from torchflex_operator.model.plan import PodPromote
 from torchflex_operator.model.vocabulary import EventReason, EventType, Reason
 from torchflex_operator.planning import ledger
 from torchflex_operator.planning.context import Ctx, Draft
-from torchflex_operator.planning.rules import pacing, rollout
+from torchflex_operator.planning.rules import rollout
 from torchflex_operator.planning.rules.failures import classify
-from torchflex_operator.render import builders, podgroup
+from torchflex_operator.render import builders
 
 
 def _wanted(ctx: Ctx) -> int:
@@ -84,8 +84,8 @@ def keep(ctx: Ctx, d: Draft) -> Draft:
     if until is not None and until > ctx.now:
         return d.wake_in((until - ctx.now).total_seconds())
     created = d.workers_created
-    at_once = podgroup.pods_at_once(job, ctx.settings)
-    budget = pacing.budget([*d.members, *d.spares], ctx.settings, at_once)
+    budget = d.budget
+    assert budget is not None, "pace runs before keep"
     occupied = {w.index for w in (*d.members, *d.spares)}
     free = [i for i in range(job.desired, top) if i not in occupied]
     take = free[: max(0, min(missing, budget.allowed - created))]
