@@ -25,18 +25,17 @@ works as before).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchflex_contract.labels import PodKind
-from torchflex_operator.model.kueue import Admission, Gate
+from torchflex_operator.model import kueue
+from torchflex_operator.model.kueue import Admission, Gate, WorkloadView
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.timestamps import format_time
 from torchflex_operator.model.vocabulary import (
-    KueueCondition,
     KueueConditionReason,
     KueueEvictionReason,
     KueueLabel,
@@ -50,13 +49,13 @@ API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "workloads"
 KIND = "Workload"
 PRIORITY_CLASSES = "workloadpriorityclasses"
-POD_SET = "workers"
+POD_SET = kueue.POD_SET
 # Kueue's Workload condition types (apis/kueue/v1beta2/workload_types.go).
-QUOTA_RESERVED = KueueCondition.QUOTA_RESERVED.value
-ADMITTED = KueueCondition.ADMITTED.value
-EVICTED = KueueCondition.EVICTED.value
-REQUEUED = KueueCondition.REQUEUED.value
-FINISHED = KueueCondition.FINISHED.value
+QUOTA_RESERVED = kueue.QUOTA_RESERVED
+ADMITTED = kueue.ADMITTED
+EVICTED = kueue.EVICTED
+REQUEUED = kueue.REQUEUED
+FINISHED = kueue.FINISHED
 
 
 def workload_name(job: JobSpec) -> str:
@@ -96,71 +95,6 @@ def workload(job: JobSpec, priority: int | None) -> Manifest:
         },
         "spec": spec,
     }
-
-
-def _condition(conditions: Sequence[Mapping[str, Any]], ctype: str) -> Mapping[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == ctype), None)
-
-
-def _true(cond: Mapping[str, Any] | None) -> bool:
-    return cond is not None and cond.get("status") == "True"
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkloadView:
-    """The few facts of a Workload the decisions need."""
-
-    name: str
-    uid: str = ""
-    resource_version: str = ""
-    generation: int = 0
-    admitted: bool = False
-    quota_reserved: bool = False
-    evicted: bool = False
-    evicted_reason: str = ""
-    finished: bool = False
-    count: int | None = None
-    """``status.admission.podSetAssignments[workers].count``: the admitted pods."""
-    asked: tuple[int | None, int | None] = (None, None)
-    """``spec.podSets[workers]``'s ``(count, minCount)``: what the Workload asks quota for."""
-    message: str = ""
-    """Kueue's word on it: the Evicted, else QuotaReserved condition's message."""
-    conditions: tuple[Mapping[str, Any], ...] = ()
-
-    @classmethod
-    def parse(cls, obj: Mapping[str, Any]) -> WorkloadView:
-        meta = obj.get("metadata") or {}
-        status = obj.get("status") or {}
-        conds = tuple(c for c in status.get("conditions") or () if isinstance(c, Mapping))
-        assignments = (status.get("admission") or {}).get("podSetAssignments") or ()
-        count = next(
-            (a.get("count") for a in assignments if a.get("name") == POD_SET),
-            None,
-        )
-        sets = (obj.get("spec") or {}).get("podSets") or ()
-        pod_set: Mapping[str, Any] = next((s for s in sets if s.get("name") == POD_SET), {})
-        count_asked, min_asked = pod_set.get("count"), pod_set.get("minCount")
-        evicted = _condition(conds, EVICTED)
-        reserved = _condition(conds, QUOTA_RESERVED)
-        said = evicted if _true(evicted) else reserved
-        return cls(
-            name=str(meta.get("name", "")),
-            uid=str(meta.get("uid", "")),
-            resource_version=str(meta.get("resourceVersion", "")),
-            generation=int(meta.get("generation", 0)),
-            admitted=_true(_condition(conds, ADMITTED)),
-            quota_reserved=_true(reserved),
-            evicted=_true(evicted),
-            evicted_reason=str((evicted or {}).get("reason", "")),
-            finished=_true(_condition(conds, FINISHED)),
-            count=count if isinstance(count, int) else None,
-            asked=(
-                count_asked if isinstance(count_asked, int) else None,
-                min_asked if isinstance(min_asked, int) else None,
-            ),
-            message=str((said or {}).get("message", "")),
-            conditions=conds,
-        )
 
 
 def stale(job: JobSpec, view: WorkloadView) -> bool:
@@ -262,7 +196,7 @@ def _set(
     for cond in conditions:
         if cond.get("type") != new["type"]:
             out.append(dict(cond))
-    old = _condition(conditions, new["type"])
+    old = kueue.find_condition(conditions, new["type"])
     unchanged = old is not None and old.get("status") == new["status"]
     when = old.get("lastTransitionTime") if unchanged and old is not None else format_time(now)
     out.append({**new, "lastTransitionTime": when})

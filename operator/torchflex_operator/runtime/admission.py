@@ -23,6 +23,7 @@ from typing import Any
 from torchflex_contract import labels
 from torchflex_operator.kube import Kube
 from torchflex_operator.model.errors import ConflictError, PermanentError
+from torchflex_operator.model.kueue import WorkloadView
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.vocabulary import KueueLabel, Phase
 from torchflex_operator.render import workload
@@ -57,13 +58,13 @@ class Workloads:
         self.objects.pop(key, None)
         self.read_at.pop(key, None)
 
-    async def view(self, key: JobKey, job: JobSpec) -> workload.WorkloadView | None:
+    async def view(self, key: JobKey, job: JobSpec) -> WorkloadView | None:
         """A queued job's Workload (None: no Workload yet). A job whose queue label
         was removed gets its cached Workload, if any, so that ``write`` deletes it."""
         obj = self.objects.get(key)
         if job.queue_name is None:
-            return None if obj is None else workload.WorkloadView.parse(obj)
-        cached = None if obj is None else workload.WorkloadView.parse(obj)
+            return None if obj is None else WorkloadView.parse(obj)
+        cached = None if obj is None else WorkloadView.parse(obj)
         read = self.read_at.get(key)
         age = None if read is None else time.monotonic() - read
         if workload.must_read(job, cached, age, self.poll_s):
@@ -73,14 +74,14 @@ class Workloads:
                 self.objects.pop(key, None)
                 return None
             self.objects[key] = obj
-            cached = workload.WorkloadView.parse(obj)
+            cached = WorkloadView.parse(obj)
         return cached
 
     async def write(
         self,
         key: JobKey,
         job: JobSpec,
-        view: workload.WorkloadView | None,
+        view: WorkloadView | None,
         *,
         phase: Phase | None,
         pods: int,
