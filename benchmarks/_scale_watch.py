@@ -141,7 +141,7 @@ class Tracker:
             return [
                 p
                 for p in self.pods.values()
-                if p.role == labels.Role.WORKER and p.gone is None and not p.terminating
+                if p.role == labels.PodKind.WORKER and p.gone is None and not p.terminating
             ]
 
     def snapshot(self) -> dict[str, PodSeen]:

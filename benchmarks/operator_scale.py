@@ -47,7 +47,7 @@ from e2e.localproc import free_port, stop_process
 from e2e.operator_proc import OperatorProcess
 from e2e.polling import poll_until
 from torchflex_contract import labels
-from torchflex_operator.vocabulary import Phase
+from torchflex_operator.model.vocabulary import Phase
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -182,7 +182,7 @@ def run_size(
             problems.append("not every pod/job reached Running within the bound")
         t_up = time.monotonic()
         cpu["create"] = op.cpu() - cpu0
-        pods = [p for p in tracker.snapshot().values() if p.role == labels.Role.WORKER]
+        pods = [p for p in tracker.snapshot().values() if p.role == labels.PodKind.WORKER]
         added = sorted(p.added for p in pods)
         running = sorted(p.running for p in pods if p.running is not None)
         pods_exist = added[expected - 1] - t0 if len(added) >= expected else None
@@ -201,7 +201,7 @@ def run_size(
         idle_rss = op.rss_mib("VmRSS")
 
         before = tracker.snapshot()
-        live = [p for p in before.values() if p.role == labels.Role.WORKER and p.gone is None]
+        live = [p for p in before.values() if p.role == labels.PodKind.WORKER and p.gone is None]
         victims = random.Random(cfg.seed + jobs).sample(live, max(1, int(len(live) * cfg.fraction)))
         from kubernetes import client
 
@@ -219,7 +219,7 @@ def run_size(
             return [
                 p
                 for uid, p in tracker.snapshot().items()
-                if uid not in before and p.role == labels.Role.WORKER
+                if uid not in before and p.role == labels.PodKind.WORKER
             ]
 
         def replaced() -> bool:

@@ -28,7 +28,7 @@ from e2e.cluster.layout import state_dir
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes
 from e2e.trainlog import LogFollower, progress_violations
 from e2e.workload import TrainingJob, apply, apply_crd, get_job
-from torchflex_operator.vocabulary import ConditionType, Phase
+from torchflex_operator.model.vocabulary import ConditionType, Phase
 
 NAMESPACE = "torchflex-demo"
 JOB = "demo"

@@ -138,7 +138,7 @@ def get_job(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
 
 
 def worker_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
-    selector = f"{labels.Label.JOB_NAME}={name},{labels.Label.ROLE}={labels.Role.WORKER.value}"
+    selector = f"{labels.Label.JOB_NAME}={name},{labels.Label.ROLE}={labels.PodKind.WORKER.value}"
     out = cluster.get_json("pods", "-n", namespace, "-l", selector)
     items: list[dict[str, Any]] = out["items"]
     return items

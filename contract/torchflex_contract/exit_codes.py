@@ -1,7 +1,7 @@
 """Exit codes of ``torchflex-agent``: the contract the operator reads back.
 
 Where it sits: the agent exits with one of these; the operator classifies a
-terminated worker pod by it (see ``torchflex_operator.failures``). Codes 128+N
+terminated worker pod by it (see ``torchflex_operator.planning.rules.failures``). Codes 128+N
 are what the kernel reports for a process killed by signal N; they are not
 chosen by the agent but the operator must understand them too.
 """

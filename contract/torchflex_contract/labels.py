@@ -36,12 +36,21 @@ class Label(enum.StrEnum):
 MANAGED_BY_VALUE: Final = "torchflex-operator"
 
 
-class Role(enum.StrEnum):
-    """What an owned pod is for."""
+class PodKind(enum.StrEnum):
+    """What an owned pod is for: the value of its ``Label.ROLE`` (the label keeps its
+    key and values): a worker of the training, or a pod holding the rendezvous store.
+    Not the training role: every worker pod is of kind ``WORKER``, whatever its group."""
 
     WORKER = "worker"
     STORE = "store"
     ETCD = "etcd"
+
+
+WORKER_ROLE: Final = "worker"
+"""The training role of a job's one worker group: a group of worker pods (kind
+``WORKER``) started from one template. A job has this one role today; the operator's
+planner and pod builders take the role as a parameter, so more groups are a later
+change of the spec, not of their shape."""
 
 
 class Annotation(enum.StrEnum):
@@ -58,9 +67,9 @@ class Annotation(enum.StrEnum):
     to promote it. Projected into the pod as ``env.STANDBY_FILE``."""
 
 
-def worker_pod_name(job: str, index: int) -> str:
+def worker_pod_name(job: str, index: int, role: str = WORKER_ROLE) -> str:
     """Deterministic worker pod name: a 409 on create means it exists."""
-    return f"{job}-worker-{index}"
+    return f"{job}-{role}-{index}"
 
 
 def store_pod_name(job: str) -> str:
@@ -92,4 +101,4 @@ def network_policy_name(job: str) -> str:
 
 def worker_selector(job: str) -> str:
     """Label selector of a job's worker pods (``status.selector``, scale subresource)."""
-    return f"{Label.JOB_NAME}={job},{Label.ROLE}={Role.WORKER}"
+    return f"{Label.JOB_NAME}={job},{Label.ROLE}={PodKind.WORKER}"

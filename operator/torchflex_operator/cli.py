@@ -15,8 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
-from torchflex_operator.election import Timing
-from torchflex_operator.settings import Settings
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.planning.lease import Timing
 
 LOG_FORMATS = ("plain", "json")
 OLDEST = "oldest"
@@ -92,61 +92,7 @@ def parser() -> argparse.ArgumentParser:
         prog="torchflex-operator",
         description="Reconciles torchflex.io/v1alpha1 ElasticJobs (elastic PyTorch training).",
     )
-    scope = p.add_mutually_exclusive_group()
-    scope.add_argument(
-        "-n",
-        "--namespace",
-        action="append",
-        default=[],
-        metavar="NS",
-        help="watch this namespace (repeatable; globs allowed)",
-    )
-    scope.add_argument(
-        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
-    )
-    ha = p.add_mutually_exclusive_group()
-    ha.add_argument(
-        "--lease",
-        metavar="NAME",
-        help="active/standby through this coordination.k8s.io Lease: only its holder "
-        "reconciles, the other replicas stand by and take it over when it is not renewed",
-    )
-    ha.add_argument(
-        "--standalone", action="store_true", help="no leader election (one replica; default)"
-    )
-    ha.add_argument("--peering", metavar="NAME", help="deprecated: --lease NAME")
-    election = p.add_argument_group("leader election (with --lease)")
-    election.add_argument(
-        "--lease-namespace",
-        metavar="NS",
-        help="namespace of the Lease (default: the operator pod's own namespace)",
-    )
-    election.add_argument(
-        "--lease-duration",
-        type=positive_int,
-        metavar="S",
-        help="a standby takes over a lease not renewed for S seconds (default 15)",
-    )
-    election.add_argument(
-        "--renew-deadline",
-        type=positive_float,
-        metavar="S",
-        help="the holder stops reconciling when it could not renew for S seconds "
-        "(default 2/3 of the lease duration)",
-    )
-    election.add_argument(
-        "--retry-period",
-        type=positive_float,
-        metavar="S",
-        help="the holder renews, a standby reads, every S seconds (default 2/15 of the "
-        "lease duration)",
-    )
-    election.add_argument(
-        "--peering-lifetime", type=positive_int, metavar="S", help="deprecated: --lease-duration"
-    )
-    election.add_argument(
-        "--priority", type=priority_arg, metavar="N|oldest", help="deprecated; ignored"
-    )
+    _scope_and_election(p)
     p.add_argument("--log-format", choices=LOG_FORMATS, default="plain")
     p.add_argument("--verbose", action="store_true", help="debug logging")
     p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics; 0 = off")
@@ -221,6 +167,65 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _scope_and_election(p: argparse.ArgumentParser) -> None:
+    """The namespaces watched, and leader election."""
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch this namespace (repeatable; globs allowed)",
+    )
+    scope.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="watch every namespace (default)"
+    )
+    ha = p.add_mutually_exclusive_group()
+    ha.add_argument(
+        "--lease",
+        metavar="NAME",
+        help="active/standby through this coordination.k8s.io Lease: only its holder "
+        "reconciles, the other replicas stand by and take it over when it is not renewed",
+    )
+    ha.add_argument(
+        "--standalone", action="store_true", help="no leader election (one replica; default)"
+    )
+    ha.add_argument("--peering", metavar="NAME", help="deprecated: --lease NAME")
+    election = p.add_argument_group("leader election (with --lease)")
+    election.add_argument(
+        "--lease-namespace",
+        metavar="NS",
+        help="namespace of the Lease (default: the operator pod's own namespace)",
+    )
+    election.add_argument(
+        "--lease-duration",
+        type=positive_int,
+        metavar="S",
+        help="a standby takes over a lease not renewed for S seconds (default 15)",
+    )
+    election.add_argument(
+        "--renew-deadline",
+        type=positive_float,
+        metavar="S",
+        help="the holder stops reconciling when it could not renew for S seconds "
+        "(default 2/3 of the lease duration)",
+    )
+    election.add_argument(
+        "--retry-period",
+        type=positive_float,
+        metavar="S",
+        help="the holder renews, a standby reads, every S seconds (default 2/15 of the "
+        "lease duration)",
+    )
+    election.add_argument(
+        "--peering-lifetime", type=positive_int, metavar="S", help="deprecated: --lease-duration"
+    )
+    election.add_argument(
+        "--priority", type=priority_arg, metavar="N|oldest", help="deprecated; ignored"
+    )
+
+
 def _positive(text: str, convert: type[float], what: str) -> float:
     try:
         value = convert(text)
@@ -276,13 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
     import kopf
 
-    from torchflex_operator import logsetup
-    from torchflex_operator.agent_status import StatusPoller
-    from torchflex_operator.handlers import register
     from torchflex_operator.kube import Kube, load_api_client
-    from torchflex_operator.leader import Gate, LeaseGate, own_identity
-    from torchflex_operator.metrics import Metrics
-    from torchflex_operator.reconciler import Reconciler
+    from torchflex_operator.runtime import logsetup
+    from torchflex_operator.runtime.agent_status import StatusPoller
+    from torchflex_operator.runtime.handlers import register
+    from torchflex_operator.runtime.leader import Gate, LeaseGate, own_identity
+    from torchflex_operator.runtime.metrics import Metrics
+    from torchflex_operator.runtime.reconcile import Reconciler
 
     logsetup.configure(verbose=args.verbose, json=args.log_format == "json")
     metrics = Metrics()

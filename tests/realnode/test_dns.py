@@ -33,9 +33,9 @@ from e2e.realnode import RealNode, dnsplan
 from e2e.realnode.node import realnode_bin_dir
 from e2e.realnode.plan import BUSYBOX_IMAGE, NODE_LABEL
 from torchflex_contract import labels
-from torchflex_operator import backends, builders
-from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.render import backends, builders
 
 JOB = "dnsjob"
 NEVER_READY = {"exec": {"command": ["cat", "/never-ready"]}, "periodSeconds": 1}

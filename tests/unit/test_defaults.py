@@ -29,9 +29,10 @@ from e2e.cluster.layout import REPO_ROOT
 from tests.unit.docs_tables import doc_table
 from torchflex_agent.loop.logic.config import build_parser, parse_args
 from torchflex_contract import labels
-from torchflex_operator import builders, cli
-from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec, Rendezvous
+from torchflex_operator import cli
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec, Rendezvous
+from torchflex_operator.render import builders
 
 CRDS = (REPO_ROOT / "crds" / "elasticjob.yaml", REPO_ROOT / "helm/torchflex/crds/elasticjob.yaml")
 

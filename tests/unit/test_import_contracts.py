@@ -23,6 +23,7 @@ import pytest
 from importlinter import api
 from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract
 from importlinter.contracts.forbidden import ForbiddenContract
+from importlinter.contracts.independence import IndependenceContract
 from importlinter.contracts.layers import LayersContract
 from importlinter.domain.contract import Contract
 
@@ -38,6 +39,7 @@ AGENT_ACYCLIC = "no import cycles between the agent's sibling packages or module
 KINDS: dict[str, type[Contract]] = {
     "forbidden": ForbiddenContract,
     "layers": LayersContract,
+    "independence": IndependenceContract,
     "acyclic_siblings": AcyclicSiblingsContract,
 }
 
@@ -88,13 +90,13 @@ def test_every_contract_is_kept_by_the_tree(name: str) -> None:
 @pytest.mark.parametrize(
     ("name", "importer", "imported"),
     [
-        (PURE_OPERATOR, "torchflex_operator.planner", "kopf"),
-        (PURE_OPERATOR, "torchflex_operator.status", "asyncio"),
-        (PURE_OPERATOR, "torchflex_operator.spec", "time"),
-        (PURE_OPERATOR, "torchflex_operator.builders", "torchflex_operator.kube"),
+        (PURE_OPERATOR, "torchflex_operator.planning.pipeline", "kopf"),
+        (PURE_OPERATOR, "torchflex_operator.model.status", "asyncio"),
+        (PURE_OPERATOR, "torchflex_operator.model.spec", "time"),
+        (PURE_OPERATOR, "torchflex_operator.render.builders", "torchflex_operator.kube"),
         # Through a chain: the planner imports the contract's labels.
         (PURE_OPERATOR, "torchflex_contract.labels", "subprocess"),
-        (API_CLIENT, "torchflex_operator.reconciler", "kubernetes"),
+        (API_CLIENT, "torchflex_operator.runtime.reconcile", "kubernetes"),
         (PURE_AGENT, "torchflex_agent.loop.logic.policy", "torchflex_agent.workers.group"),
         (PURE_AGENT, "torchflex_agent.rendezvous.logic", "subprocess"),
         (PURE_AGENT, "torchflex_agent.rendezvous.logic", "threading"),

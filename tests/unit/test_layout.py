@@ -97,11 +97,9 @@ def test_every_product_module_has_its_row_in_the_docs() -> None:
         assert not missing, f"{doc.name} does not name {sorted(missing)}"
 
 
-# Size and privacy rules for product code. The operator joins SIZED and PRIVATE_CHECKED
-# once its own redesign (issue 27, operator half) has split `_Pass`, `Reconciler` and
-# `cli.parser`, and stopped importing `_Pass`.
-SIZED = ("agent", "contract")
-PRIVATE_CHECKED = ("agent", "contract")
+# Size and privacy rules for all product code (issue 27).
+SIZED = ("agent", "contract", "operator")
+PRIVATE_CHECKED = ("agent", "contract", "operator")
 MAX_CLASS_LINES = 300
 MAX_FUNCTION_LINES = 100
 OUR_ROOTS = ("torchflex_agent", "torchflex_operator", "torchflex_contract")

@@ -2,7 +2,7 @@
 
 Where it sits: a check over the source tree (no cluster; it imports the
 vocabulary modules and reads the rest as text and syntax trees). The words
-are the operator's status and Event words (``torchflex_operator.vocabulary``)
+are the operator's status and Event words (``torchflex_operator.model.vocabulary``)
 and the contract's names (API names, labels, annotations, env variables, the
 agent's states and restart reasons, exit codes, store keys); docs/api.md and
 docs/agent.md list them as the code does. Product code (operator, agent, the
@@ -24,7 +24,7 @@ import yaml
 from e2e.cluster.layout import REPO_ROOT
 from tests.unit.docs_tables import doc_table
 from torchflex_contract import env, exit_codes, labels, progress, store_keys
-from torchflex_operator import vocabulary
+from torchflex_operator.model import vocabulary
 
 STATUS_WORDS: tuple[type[enum.StrEnum], ...] = (
     vocabulary.Phase,
@@ -37,14 +37,14 @@ STATUS_WORDS: tuple[type[enum.StrEnum], ...] = (
 )
 CONTRACT_WORDS: tuple[type[enum.StrEnum], ...] = (
     labels.Label,
-    labels.Role,
+    labels.PodKind,
     labels.Annotation,
     progress.AgentState,
     progress.RestartReason,
 )
 PRODUCT = ("operator/torchflex_operator", "agent/torchflex_agent", "contract", "e2e")
 DEFINING = {
-    REPO_ROOT / "operator/torchflex_operator/vocabulary.py",
+    REPO_ROOT / "operator/torchflex_operator/model/vocabulary.py",
     *(REPO_ROOT / "contract/torchflex_contract").glob("*.py"),
 }
 # Files that run stdlib-only (never import torchflex) keep their own copy of
@@ -181,7 +181,7 @@ def _closed_strings() -> dict[str, str]:
     words: dict[str, str] = {}
     # Role values are left out: "worker", "store" and "etcd" also name
     # containers, a backend, a binary and a CLI subcommand.
-    for group in (*STATUS_WORDS, *(g for g in CONTRACT_WORDS if g is not labels.Role)):
+    for group in (*STATUS_WORDS, *(g for g in CONTRACT_WORDS if g is not labels.PodKind)):
         for w in group:
             if w.value and w.value not in KUBERNETES_WORDS:
                 words.setdefault(w.value, f"{group.__name__}.{w.name}")

@@ -19,10 +19,10 @@ from typing import Any
 from kubernetes import client
 
 from torchflex_contract import labels
-from torchflex_operator.errors import ConflictError, PermanentError
 from torchflex_operator.kube.scheduling import SchedulingCalls
 from torchflex_operator.kube.transport import COMPONENT, MERGE_PATCH, TIMEOUT_S, as_refusal
-from torchflex_operator.timestamps import format_time
+from torchflex_operator.model.errors import ConflictError, PermanentError
+from torchflex_operator.model.timestamps import format_time
 
 
 class Kube(SchedulingCalls):

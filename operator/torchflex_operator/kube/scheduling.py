@@ -4,7 +4,7 @@ Where it sits: in the ``kube`` package (the only place that talks to the Kuberne
 API), between ``transport.KubeBase`` and ``calls.Kube``. Each resource here is one a
 cluster may not serve (the Workload API's PodGroups, Kueue's Workloads) or one the
 operator keeps in step with the spec (the PodDisruptionBudget): created, or patched
-where ``gang``, ``disruption`` or ``queueing`` says the live object differs.
+where ``render.podgroup``, ``render.pdb`` or ``render.workload`` says the live object differs.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from torchflex_operator import disruption, gang, queueing
-from torchflex_operator.errors import ApiAbsentError, ConflictError, PermanentError
 from torchflex_operator.kube.transport import MERGE_PATCH, TIMEOUT_S, KubeBase, as_refusal
+from torchflex_operator.model.errors import ApiAbsentError, ConflictError, PermanentError
+from torchflex_operator.render import pdb, podgroup, workload
 
 
 class SchedulingCalls(KubeBase):
@@ -53,10 +53,10 @@ class SchedulingCalls(KubeBase):
             patch=lambda name, ns, patch: self.scheduling.patch_namespaced_pod_group(
                 name, ns, patch, _content_type=MERGE_PATCH, _request_timeout=TIMEOUT_S
             ),
-            diff=gang.min_count_patch,
+            diff=podgroup.min_count_patch,
         )
 
-    # -- the job's PodDisruptionBudget (``disruption``) ----------------------------------
+    # -- the job's PodDisruptionBudget (``render.pdb``) ----------------------------------
 
     async def apply_disruption_budget(self, manifest: Mapping[str, Any]) -> None:
         """Create the budget, or bring an existing one's owned fields to the manifest's."""
@@ -72,7 +72,7 @@ class SchedulingCalls(KubeBase):
             patch=lambda name, ns, patch: self.policy.patch_namespaced_pod_disruption_budget(
                 name, ns, patch, _content_type=MERGE_PATCH, _request_timeout=TIMEOUT_S
             ),
-            diff=disruption.spec_patch,
+            diff=pdb.spec_patch,
         )
 
     async def delete_disruption_budget(self, namespace: str, name: str, owner_uid: str) -> bool:
@@ -85,7 +85,7 @@ class SchedulingCalls(KubeBase):
             ),
             convert=self._dict,
         )
-        if current is None or not disruption.owned(current, owner_uid):
+        if current is None or not pdb.owned(current, owner_uid):
             return False
         uid = current["metadata"]["uid"]
         return await self._ignore(
@@ -106,7 +106,7 @@ class SchedulingCalls(KubeBase):
         return await self._get_or_none(
             f"get workload {namespace}/{name}",
             lambda: self.kueue.get_namespaced_custom_object(
-                queueing.GROUP, queueing.VERSION, namespace, queueing.PLURAL, name,
+                workload.GROUP, workload.VERSION, namespace, workload.PLURAL, name,
                 _request_timeout=TIMEOUT_S,
             ),
         )  # fmt: skip
@@ -116,7 +116,7 @@ class SchedulingCalls(KubeBase):
         obj = await self._get_or_none(
             f"get workloadpriorityclass {name}",
             lambda: self.kueue.get_cluster_custom_object(
-                queueing.GROUP, queueing.VERSION, queueing.PRIORITY_CLASSES, name,
+                workload.GROUP, workload.VERSION, workload.PRIORITY_CLASSES, name,
                 _request_timeout=TIMEOUT_S,
             ),
         )  # fmt: skip
@@ -131,7 +131,7 @@ class SchedulingCalls(KubeBase):
             obj: Any = await self._call(
                 f"create workload {ns}/{manifest['metadata']['name']}",
                 lambda: self.kueue.create_namespaced_custom_object(
-                    queueing.GROUP, queueing.VERSION, ns, queueing.PLURAL, body,
+                    workload.GROUP, workload.VERSION, ns, workload.PLURAL, body,
                     _request_timeout=TIMEOUT_S,
                 ),
             )  # fmt: skip
@@ -152,7 +152,7 @@ class SchedulingCalls(KubeBase):
             (404, 409),
             f"delete workload {namespace}/{name}",
             lambda: self.kueue.delete_namespaced_custom_object(
-                queueing.GROUP, queueing.VERSION, namespace, queueing.PLURAL, name,
+                workload.GROUP, workload.VERSION, namespace, workload.PLURAL, name,
                 body=body, _request_timeout=TIMEOUT_S,
             ),
         )  # fmt: skip
@@ -165,7 +165,7 @@ class SchedulingCalls(KubeBase):
         obj: Any = await self._call(
             f"patch workload {namespace}/{name} status",
             lambda: self.kueue.patch_namespaced_custom_object_status(
-                queueing.GROUP, queueing.VERSION, namespace, queueing.PLURAL, name, body,
+                workload.GROUP, workload.VERSION, namespace, workload.PLURAL, name, body,
                 _request_timeout=TIMEOUT_S,
             ),
         )  # fmt: skip

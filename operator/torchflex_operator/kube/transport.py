@@ -21,7 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
-from torchflex_operator.errors import (
+from torchflex_operator.model.errors import (
     AccessDeniedError,
     ApiAbsentError,
     ConflictError,
@@ -126,7 +126,7 @@ class KubeBase:
         self.scheduling = client.SchedulingV1beta1Api(api_client)
         self.policy = client.PolicyV1Api(api_client)
         self.kueue = client.CustomObjectsApi(api_client)
-        """Kueue's Workloads and WorkloadPriorityClasses (``queueing``)."""
+        """Kueue's Workloads and WorkloadPriorityClasses (``render.workload``)."""
         self.on_request = on_request
         """Called with the verb and the HTTP status code (``<error>``: no response)
         of every request made here (metrics)."""

@@ -23,8 +23,8 @@ import yaml
 from e2e.cluster import Cluster
 from tests.support import wait_for
 from torchflex_contract import env, labels
-from torchflex_operator.leader import LEASE_NOT_RELEASED
-from torchflex_operator.reconciler import RIGHTS_WITHDRAWN
+from torchflex_operator.runtime.leader import LEASE_NOT_RELEASED
+from torchflex_operator.runtime.reconcile import RIGHTS_WITHDRAWN
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "helm" / "torchflex"

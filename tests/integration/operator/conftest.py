@@ -16,12 +16,12 @@ import pytest
 from kopf.testing import KopfRunner
 
 from e2e.cluster import Cluster
-from torchflex_operator.agent_status import StatusPoller
-from torchflex_operator.handlers import register
 from torchflex_operator.kube import Kube
-from torchflex_operator.metrics import Metrics
-from torchflex_operator.reconciler import Reconciler
-from torchflex_operator.settings import Settings
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.runtime.agent_status import StatusPoller
+from torchflex_operator.runtime.handlers import register
+from torchflex_operator.runtime.metrics import Metrics
+from torchflex_operator.runtime.reconcile import Reconciler
 
 REPO = Path(__file__).resolve().parents[3]
 

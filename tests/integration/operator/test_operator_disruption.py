@@ -18,8 +18,8 @@ from e2e.cluster import Cluster
 from tests.integration.operator.jobs import apply, get_job, kwok_job, patch_spec, pods
 from tests.support import wait_for
 from torchflex_contract import labels
-from torchflex_operator.reconciler import Reconciler
-from torchflex_operator.vocabulary import AutoscalerAnnotation
+from torchflex_operator.model.vocabulary import AutoscalerAnnotation
+from torchflex_operator.runtime.reconcile import Reconciler
 
 pytestmark = pytest.mark.cluster
 TOO_MANY_REQUESTS = 429
@@ -72,7 +72,7 @@ def test_evictions_stop_at_min_replicas_and_follow_it(
     assert owner["uid"] == get_job(cluster, namespace, name)["metadata"]["uid"]
     safe = AutoscalerAnnotation.SAFE_TO_EVICT.value
     assert all(p["metadata"]["annotations"][safe] == "true" for p in pods(cluster, namespace, name))
-    (store,) = pods(cluster, namespace, name, labels.Role.STORE)
+    (store,) = pods(cluster, namespace, name, labels.PodKind.STORE)
     assert store["metadata"]["annotations"][safe] == "false"
 
     # At its minimum, the job loses no worker to a drain.

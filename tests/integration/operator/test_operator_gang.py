@@ -18,7 +18,7 @@ from e2e.cluster import Cluster
 from tests.integration.operator.jobs import apply, get_job, kwok_job, patch_spec, pods
 from tests.support import wait_for
 from torchflex_contract import labels
-from torchflex_operator.reconciler import Reconciler
+from torchflex_operator.runtime.reconcile import Reconciler
 
 pytestmark = pytest.mark.cluster
 

@@ -30,8 +30,8 @@ from tests.integration.operator.jobs import (
 )
 from tests.support import wait_for
 from torchflex_contract import labels
-from torchflex_operator.metrics import Metrics
-from torchflex_operator.reconciler import Reconciler
+from torchflex_operator.runtime.metrics import Metrics
+from torchflex_operator.runtime.reconcile import Reconciler
 
 pytestmark = pytest.mark.cluster
 

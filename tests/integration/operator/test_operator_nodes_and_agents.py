@@ -31,8 +31,8 @@ from tests.integration.operator.jobs import (
 )
 from tests.support import wait_for
 from torchflex_contract import env, labels
-from torchflex_operator.agent_status import StatusPoller
-from torchflex_operator.reconciler import Reconciler
+from torchflex_operator.runtime.agent_status import StatusPoller
+from torchflex_operator.runtime.reconcile import Reconciler
 
 pytestmark = pytest.mark.cluster
 W = labels.worker_pod_name

@@ -19,7 +19,7 @@ from e2e.cluster import Cluster
 from tests.integration.operator.conftest import TEST_SETTINGS, run_operator
 from tests.integration.operator.jobs import SLEEP, apply, get_job, process_job
 from tests.support import wait_for
-from torchflex_operator.agent_status import StatusPoller
+from torchflex_operator.runtime.agent_status import StatusPoller
 
 pytestmark = pytest.mark.cluster
 

@@ -30,7 +30,7 @@ from tests.integration.operator.jobs import (
 from tests.support import wait_for
 from torchflex_contract import env, labels
 from torchflex_contract.progress import TERMINATION_LOG
-from torchflex_operator.agent_status import StatusPoller
+from torchflex_operator.runtime.agent_status import StatusPoller
 
 pytestmark = pytest.mark.cluster
 W = labels.worker_pod_name

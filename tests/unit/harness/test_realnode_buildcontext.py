@@ -93,7 +93,7 @@ def test_project_dockerignores_are_read_and_cover_the_sources() -> None:
         files = set(buildcontext.context_files(REPO, buildcontext.parse_ignore(text)))
         assert {"pyproject.toml", "constraints.txt", "README.md"} <= files
         assert "agent/torchflex_agent/cli.py" in files
-        assert "operator/torchflex_operator/planner.py" in files
+        assert "operator/torchflex_operator/planning/pipeline.py" in files
         assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
         assert not any(f.startswith((".venv/", ".git/", "tests/")) for f in files)
         assert ("examples/train_elastic.py" in files) == (name == "agent")

@@ -2,7 +2,7 @@
 
 values.yaml restates most operator flags so that users can see and set them;
 each restated value is a second copy of a default in
-``torchflex_operator.settings`` / ``cli``. Rendered with its defaults, the chart
+``torchflex_operator.model.settings`` / ``cli``. Rendered with its defaults, the chart
 must pass the operator nothing it would not assume itself, except the few
 flags the chart decides for a cluster install (named below, each with why).
 """

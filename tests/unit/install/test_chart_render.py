@@ -24,7 +24,7 @@ from tests.unit.install.chart import (
     render,
 )
 from torchflex_operator import cli
-from torchflex_operator.election import Timing
+from torchflex_operator.planning.lease import Timing
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))

@@ -34,9 +34,12 @@ from kopf._cogs.structs import references
 
 from tests.unit.install.chart import NAMESPACE, VALUE_SETS, find, one, render, rules_of
 from torchflex_contract import labels
-from torchflex_operator import backends, builders, handlers, kube, queueing
-from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec
+from torchflex_operator import kube
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.render import backends, builders
+from torchflex_operator.render import workload as queueing
+from torchflex_operator.runtime import handlers
 
 Rule = tuple[str, str, str]
 # The operator's own ClusterRole; the chart's user-facing ones (aggregated into

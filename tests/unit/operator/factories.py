@@ -10,11 +10,11 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from torchflex_contract import labels
-from torchflex_contract.labels import Role
-from torchflex_operator.actions import Plan
-from torchflex_operator.observed import Observed, PodView
-from torchflex_operator.spec import JobSpec
-from torchflex_operator.status import JobStatus
+from torchflex_contract.labels import PodKind as Role
+from torchflex_operator.model.observed import Observed, PodView
+from torchflex_operator.model.plan import Plan
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.model.status import JobStatus
 
 NOW = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 NAME = "demo"

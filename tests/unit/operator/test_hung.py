@@ -14,11 +14,11 @@ import pytest
 from tests.unit.operator.factories import NAME, NOW, ago, job, observed, parsed, worker, written
 from torchflex_contract import labels
 from torchflex_contract.progress import AgentReport, AgentState, HangKind, HangReport
-from torchflex_operator import hung
-from torchflex_operator.actions import Plan
-from torchflex_operator.planner import plan
-from torchflex_operator.status import HungWorker, JobStatus
-from torchflex_operator.vocabulary import ConditionType, EventReason, Phase, Reason
+from torchflex_operator.model.plan import Plan
+from torchflex_operator.model.status import HungWorker, JobStatus
+from torchflex_operator.model.vocabulary import ConditionType, EventReason, Phase, Reason
+from torchflex_operator.planning import plan
+from torchflex_operator.planning.rules import hung
 
 RUNNING: dict[str, Any] = {"phase": "Running", "startTime": ago(10), "desiredReplicas": 2}
 STACK = 'Thread 0x1 (most recent call first):\n  File "train.py", line 9 in hang_forever\n'

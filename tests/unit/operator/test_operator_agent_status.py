@@ -13,14 +13,14 @@ import pytest
 
 from torchflex_agent.loop.health import HealthServer, ReportBoard
 from torchflex_contract.progress import AgentReport, AgentState, Progress, RootCause
-from torchflex_operator.agent_status import (
+from torchflex_operator.model.observed import PodView
+from torchflex_operator.runtime.agent_status import (
     StatusPoller,
     leader,
     parse_response,
     remember_rounds,
     status_request,
 )
-from torchflex_operator.observed import PodView
 
 REPORT = AgentReport(
     state=AgentState.RUNNING,

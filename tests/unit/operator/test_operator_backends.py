@@ -10,11 +10,12 @@ import pytest
 
 from tests.unit.operator.factories import NAME, NS, job
 from torchflex_contract import env, labels
-from torchflex_contract.labels import Label, Role
+from torchflex_contract.labels import Label
+from torchflex_contract.labels import PodKind as Role
 from torchflex_contract.rendezvous_backends import SPEC_BACKENDS
-from torchflex_operator import backends, builders
-from torchflex_operator.errors import InvalidSpecError
-from torchflex_operator.settings import Settings
+from torchflex_operator.model.errors import InvalidSpecError
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.render import backends, builders
 
 STORE = labels.store_pod_name(NAME)
 ETCD = labels.etcd_pod_name(NAME)

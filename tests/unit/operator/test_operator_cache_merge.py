@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchflex_contract import labels
-from torchflex_operator.cache import OwnedCache
+from torchflex_operator.runtime.cache import OwnedCache
 
 
 def pod(name: str, uid: str, phase: str = "Running") -> dict[str, Any]:

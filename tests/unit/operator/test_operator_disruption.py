@@ -26,12 +26,13 @@ from tests.unit.operator.factories import (
     raising,
 )
 from torchflex_contract.labels import Label
-from torchflex_operator import backends, builders, disruption
-from torchflex_operator.errors import NotOursError
 from torchflex_operator.kube import Kube
-from torchflex_operator.reconciler import Reconciler
-from torchflex_operator.settings import Settings
-from torchflex_operator.vocabulary import AutoscalerAnnotation, EventReason
+from torchflex_operator.model.errors import NotOursError
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.vocabulary import AutoscalerAnnotation, EventReason
+from torchflex_operator.render import backends, builders
+from torchflex_operator.render import pdb as disruption
+from torchflex_operator.runtime.reconcile import Reconciler
 
 SAFE = AutoscalerAnnotation.SAFE_TO_EVICT.value
 

@@ -13,7 +13,10 @@ import pytest
 from kubernetes.client import ApiClient
 
 from tests.unit.operator.factories import NOW
-from torchflex_operator.election import (
+from torchflex_operator.kube import Kube
+from torchflex_operator.model.errors import AccessDeniedError, ConflictError, NotLeaderError
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.planning.lease import (
     Action,
     Observed,
     Record,
@@ -22,12 +25,9 @@ from torchflex_operator.election import (
     leading,
     released,
 )
-from torchflex_operator.errors import AccessDeniedError, ConflictError, NotLeaderError
-from torchflex_operator.handlers import register
-from torchflex_operator.kube import Kube
-from torchflex_operator.leader import Gate, LeaseGate
-from torchflex_operator.reconciler import Reconciler
-from torchflex_operator.settings import Settings
+from torchflex_operator.runtime.handlers import register
+from torchflex_operator.runtime.leader import Gate, LeaseGate
+from torchflex_operator.runtime.reconcile import Reconciler
 
 T = Timing(15, 10.0, 2.0)
 EARLIER = NOW - dt.timedelta(hours=1)

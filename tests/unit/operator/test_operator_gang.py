@@ -30,15 +30,18 @@ from tests.unit.operator.factories import (
     raising,
     worker,
 )
-from torchflex_contract.labels import Label, Role
-from torchflex_operator import builders, gang, pacing
-from torchflex_operator.errors import AccessDeniedError, ApiAbsentError, RetryableError
+from torchflex_contract.labels import Label
+from torchflex_contract.labels import PodKind as Role
 from torchflex_operator.kube import Kube
-from torchflex_operator.planner import plan
-from torchflex_operator.reconciler import Reconciler
-from torchflex_operator.settings import Settings
-from torchflex_operator.status import JobStatus
-from torchflex_operator.vocabulary import GangScheduling
+from torchflex_operator.model.errors import AccessDeniedError, ApiAbsentError, RetryableError
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.status import JobStatus
+from torchflex_operator.model.vocabulary import GangScheduling
+from torchflex_operator.planning import plan
+from torchflex_operator.planning.rules import pacing
+from torchflex_operator.render import builders
+from torchflex_operator.render import podgroup as gang
+from torchflex_operator.runtime.reconcile import Reconciler
 
 
 @pytest.mark.parametrize(("min_replicas", "max_replicas"), [(1, 1), (2, 4), (3, 3)])

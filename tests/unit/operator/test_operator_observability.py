@@ -11,10 +11,10 @@ import prometheus_client as prom
 import pytest
 
 from torchflex_contract.labels import Annotation
-from torchflex_operator.defaulting import replicas_patch
-from torchflex_operator.logsetup import CURRENT_JOB, JobLogFilter
-from torchflex_operator.metrics import Metrics
-from torchflex_operator.workqueue import WorkQueue
+from torchflex_operator.planning.rules.defaulting import replicas_patch
+from torchflex_operator.runtime.logsetup import CURRENT_JOB, JobLogFilter
+from torchflex_operator.runtime.metrics import Metrics
+from torchflex_operator.runtime.workqueue import WorkQueue
 
 KEY = Annotation.REPLICAS_DEFAULTED.value
 
@@ -121,7 +121,7 @@ def test_log_filter_drops_handler_chatter_and_names_the_job() -> None:
     quiet, verbose = JobLogFilter(verbose=False), JobLogFilter(verbose=True)
     succeeded = record("kopf.objects", "Handler 'pod_event' succeeded.")
     assert not quiet.filter(succeeded) and verbose.filter(succeeded)
-    ours = record("torchflex_operator.reconciler", "reconcile ns/j: conflict")
+    ours = record("torchflex_operator.runtime.reconcile", "reconcile ns/j: conflict")
     token = CURRENT_JOB.set(("ns", "j"))  # as a reconcile worker sets it for one pass
     try:
         assert quiet.filter(ours)

@@ -22,14 +22,14 @@ from tests.unit.operator.factories import (
 )
 from torchflex_contract import labels
 from torchflex_contract.exit_codes import SIGKILL_EXIT, ExitCode
-from torchflex_contract.labels import Role
-from torchflex_operator.actions import Plan
-from torchflex_operator.observed import Observed, PodView
-from torchflex_operator.pacing import backoff_delay
-from torchflex_operator.planner import plan
-from torchflex_operator.settings import Settings
-from torchflex_operator.status import JobStatus
-from torchflex_operator.vocabulary import EventReason, Phase, Reason
+from torchflex_contract.labels import PodKind as Role
+from torchflex_operator.model.observed import Observed, PodView
+from torchflex_operator.model.plan import Plan
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.status import JobStatus
+from torchflex_operator.model.vocabulary import EventReason, Phase, Reason
+from torchflex_operator.planning import plan
+from torchflex_operator.planning.rules.pacing import backoff_delay
 
 RUNNING: dict[str, Any] = {"phase": "Running", "startTime": ago(10), "desiredReplicas": 4}
 

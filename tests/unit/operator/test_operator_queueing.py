@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from tests.unit.operator.factories import NAME, NOW, NS, job_obj, observed, parsed, worker
-from torchflex_operator import queueing
-from torchflex_operator.planner import plan
-from torchflex_operator.queueing import Admission, WorkloadAction, WorkloadView
-from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec
-from torchflex_operator.vocabulary import EventReason, KueueLabel, Phase
+from torchflex_operator.model.kueue import Admission, WorkloadView
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.model.vocabulary import EventReason, KueueLabel, Phase
+from torchflex_operator.planning import plan
+from torchflex_operator.render import workload as queueing
+from torchflex_operator.render.workload import WorkloadAction
 
 QUEUE = "team-a"
 

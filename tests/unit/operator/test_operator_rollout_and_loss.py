@@ -21,12 +21,12 @@ from tests.unit.operator.factories import (
 )
 from torchflex_contract import labels
 from torchflex_contract.exit_codes import SIGKILL_EXIT
-from torchflex_operator import builders
-from torchflex_operator.actions import Plan
-from torchflex_operator.observed import PodView
-from torchflex_operator.planner import plan
-from torchflex_operator.settings import Settings
-from torchflex_operator.vocabulary import EventReason, Phase, Reason
+from torchflex_operator.model.observed import PodView
+from torchflex_operator.model.plan import Plan
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.vocabulary import EventReason, Phase, Reason
+from torchflex_operator.planning import plan
+from torchflex_operator.render import builders
 
 RUNNING: dict[str, Any] = {"phase": "Running", "startTime": ago(10), "desiredReplicas": 4}
 OLD = "0ld0ld0ld0ld0ld0"

@@ -14,22 +14,22 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError
 
 from tests.unit.operator.factories import NOW, worker
 from torchflex_contract import labels
-from torchflex_operator.cache import NodeCache, OwnedCache
 from torchflex_operator.cli import LeaseConfig, deprecations, lease_config, parser, settings_from
-from torchflex_operator.election import Timing
-from torchflex_operator.errors import (
+from torchflex_operator.kube import Kube
+from torchflex_operator.kube.transport import _typed
+from torchflex_operator.model.errors import (
     AccessDeniedError,
     ConflictError,
     PermanentError,
     RetryableError,
 )
-from torchflex_operator.expectations import TIMEOUT, Expectations
-from torchflex_operator.kube import Kube
-from torchflex_operator.kube.transport import _typed
-from torchflex_operator.reconciler import RIGHTS_WITHDRAWN, Reconciler
-from torchflex_operator.settings import Settings
-from torchflex_operator.status import merge_patch
-from torchflex_operator.workqueue import WorkQueue
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.status import merge_patch
+from torchflex_operator.planning.lease import Timing
+from torchflex_operator.runtime.cache import NodeCache, OwnedCache
+from torchflex_operator.runtime.expectations import TIMEOUT, Expectations
+from torchflex_operator.runtime.reconcile import RIGHTS_WITHDRAWN, Reconciler
+from torchflex_operator.runtime.workqueue import WorkQueue
 
 JOB = ("ns", "demo")
 
@@ -212,7 +212,7 @@ def test_withdrawn_rights_warn_once_not_per_job(caplog: pytest.LogCaptureFixture
     """helm uninstall removes the RBAC before the operator stops: one warning, no errors."""
     reconciler = Reconciler(cast(Kube, object()), Settings())
     denied = AccessDeniedError("get elasticjob ns/a: HTTP 403 Forbidden")
-    with caplog.at_level(logging.DEBUG, logger="torchflex_operator.reconciler"):
+    with caplog.at_level(logging.DEBUG, logger="torchflex_operator.runtime.reconcile"):
         for n in range(5):
             reconciler._rights_refused(("ns", f"job-{n}"), denied)
     warned = [r for r in caplog.records if r.levelno >= logging.WARNING]

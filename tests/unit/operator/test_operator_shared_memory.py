@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tests.unit.operator.factories import job, job_obj
-from torchflex_operator import builders
-from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec, SharedMemory
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec, SharedMemory
+from torchflex_operator.render import builders
 
 
 def _shm(pod: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

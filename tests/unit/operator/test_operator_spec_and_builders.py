@@ -8,10 +8,10 @@ import pytest
 
 from tests.unit.operator.factories import NAME, NS, job, job_obj
 from torchflex_contract import env, labels
-from torchflex_operator import backends, builders
-from torchflex_operator.errors import InvalidSpecError
-from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec
+from torchflex_operator.model.errors import InvalidSpecError
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.render import backends, builders
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def test_worker_pod_shape() -> None:
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == labels.worker_pod_name(NAME, 2)
     assert meta["labels"][labels.Label.REPLICA_INDEX] == "2"
-    assert meta["labels"][labels.Label.ROLE] == labels.Role.WORKER
+    assert meta["labels"][labels.Label.ROLE] == labels.PodKind.WORKER
     assert meta["ownerReferences"][0]["controller"] is True
     assert spec["restartPolicy"] == "Never"
     assert spec["hostname"] == meta["name"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.unit.operator.factories import NOW
-from torchflex_operator.status import (
+from torchflex_operator.model.status import (
     Condition,
     ConditionStatus,
     JobStatus,
@@ -25,7 +25,7 @@ from torchflex_operator.status import (
     merge_patch,
     wire_keys,
 )
-from torchflex_operator.vocabulary import EventType, Phase
+from torchflex_operator.model.vocabulary import EventType, Phase
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 

@@ -15,10 +15,10 @@ import pytest
 from tests.unit.operator.factories import NAME, NOW, NS, job, observed, worker
 from torchflex_contract import env, labels
 from torchflex_contract.labels import Label
-from torchflex_operator import backends, builders, manifests, netpol
-from torchflex_operator.planner import plan
-from torchflex_operator.settings import Settings
-from torchflex_operator.status import JobStatus
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.status import JobStatus
+from torchflex_operator.planning import plan
+from torchflex_operator.render import backends, builders, manifests, netpol
 
 POLICY = labels.network_policy_name(NAME)
 TEMPLATE_SPEC: dict[str, Any] = {

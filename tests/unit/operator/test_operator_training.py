@@ -22,14 +22,14 @@ from tests.unit.operator.factories import (
 )
 from torchflex_contract import labels
 from torchflex_contract.progress import AgentReport, AgentState, Progress, RootCause
-from torchflex_operator.failures import root_cause
-from torchflex_operator.observed import PodView
-from torchflex_operator.planner import plan
-from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec
-from torchflex_operator.status import JobStatus, TrainingProgress, WorkerException
-from torchflex_operator.training import group_state
-from torchflex_operator.vocabulary import ConditionType, Phase, Reason
+from torchflex_operator.model.observed import PodView
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.model.status import JobStatus, TrainingProgress, WorkerException
+from torchflex_operator.model.vocabulary import ConditionType, Phase, Reason
+from torchflex_operator.planning import plan
+from torchflex_operator.planning.rules.activity import group_state
+from torchflex_operator.planning.rules.failures import root_cause
 
 RUNNING: dict[str, Any] = {"phase": "Running", "startTime": ago(10), "desiredReplicas": 2}
 W0, W1, W2 = (labels.worker_pod_name("demo", i) for i in range(3))

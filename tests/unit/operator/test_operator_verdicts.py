@@ -24,14 +24,14 @@ from tests.unit.operator.factories import (
 from torchflex_contract import labels
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import AgentReport, AgentState
-from torchflex_operator import completion, events, fencing, pacing
-from torchflex_operator.actions import Plan
-from torchflex_operator.completion import Outcome
-from torchflex_operator.observed import PodView, Refusal
-from torchflex_operator.planner import plan
-from torchflex_operator.settings import Settings
-from torchflex_operator.status import JobStatus
-from torchflex_operator.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
+from torchflex_operator.model.observed import PodView, Refusal
+from torchflex_operator.model.plan import Plan
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.status import JobStatus
+from torchflex_operator.model.vocabulary import ConditionType, EventReason, EventType, Phase, Reason
+from torchflex_operator.planning import plan
+from torchflex_operator.planning.rules import completion, events, fencing, pacing
+from torchflex_operator.planning.rules.completion import Outcome
 
 RUNNING: dict[str, Any] = {"phase": "Running", "startTime": ago(10), "desiredReplicas": 4}
 

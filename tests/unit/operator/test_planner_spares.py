@@ -29,21 +29,23 @@ from tests.unit.operator.factories import (
     written,
 )
 from torchflex_contract import env, labels
-from torchflex_contract.labels import Annotation, Role
+from torchflex_contract.labels import Annotation
+from torchflex_contract.labels import PodKind as Role
 from torchflex_contract.progress import AgentReport, AgentState
-from torchflex_operator import builders, disruption
-from torchflex_operator.actions import Plan, PodPromote
-from torchflex_operator.errors import InvalidSpecError
-from torchflex_operator.expectations import TIMEOUT as EXPECTATION_TIMEOUT
-from torchflex_operator.expectations import Expectations
 from torchflex_operator.kube import Kube
-from torchflex_operator.observed import PodView
-from torchflex_operator.planner import plan
-from torchflex_operator.queueing import Admission, Gate
-from torchflex_operator.settings import Settings
-from torchflex_operator.spec import JobSpec
-from torchflex_operator.status import JobStatus
-from torchflex_operator.vocabulary import ConditionType, EventReason, Phase
+from torchflex_operator.model.errors import InvalidSpecError
+from torchflex_operator.model.kueue import Admission, Gate
+from torchflex_operator.model.observed import PodView
+from torchflex_operator.model.plan import Plan, PodPromote
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.model.status import JobStatus
+from torchflex_operator.model.vocabulary import ConditionType, EventReason, Phase
+from torchflex_operator.planning import plan
+from torchflex_operator.render import builders
+from torchflex_operator.render import pdb as disruption
+from torchflex_operator.runtime.expectations import TIMEOUT as EXPECTATION_TIMEOUT
+from torchflex_operator.runtime.expectations import Expectations
 
 SPARE_PATH = f"{env.STANDBY_MOUNT_DIR}/{env.STANDBY_FILE_NAME}"
 

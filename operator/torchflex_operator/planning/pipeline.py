@@ -1,0 +1,134 @@
+"""The pure reconcile: ``plan(job, status, observed, now) -> Plan``, its steps in order.
+
+Where it sits: the heart of the operator. ``runtime.reconcile`` observes, parses the
+job (``JobSpec``) and its status (``JobStatus``), calls ``plan`` and applies the
+result; nothing here touches the API or the clock, so every decision is
+table-tested (tests/unit/operator). One pass looks at the whole observed state of
+one job (level-triggered) and decides: pods and Services to create, pods to delete
+(gracefully, or forced off a lost node), the complete new status (typed fields,
+datetimes, no strings until the runtime writes it), Events, and when to look again.
+
+The order of the steps is the data below, one tuple per branch; ``fold`` runs one.
+Each step is a pure ``(Ctx, Draft) -> Draft`` (``planning.context``) of one module
+of ``planning.steps``: a step reads the frozen inputs and what earlier steps decided,
+and returns what it adds. A live job runs ``OPENING``, then ``COMPLETING`` while some
+member exited 0, else ``LIVE`` until a step finishes the job; then ``ENDED`` (the job
+finished in this pass) or ``GOING_ON``; every pass closes with ``CLOSING``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+
+from torchflex_operator.model.observed import Observed
+from torchflex_operator.model.plan import Plan
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.model.status import JobStatus
+from torchflex_operator.planning.context import Ctx, Draft
+from torchflex_operator.planning.steps import (
+    children,
+    completing,
+    counts,
+    failed,
+    fence,
+    lifecycle,
+    outcome,
+    rolling,
+    scaling,
+    spares,
+    store,
+    training,
+)
+
+Step = Callable[[Ctx, Draft], Draft]
+
+FINISHED: tuple[Step, ...] = (lifecycle.cleanup, spares.retire)
+"""A job that finished in an earlier pass: clean up, then TTL."""
+SUSPENDED: tuple[Step, ...] = (lifecycle.suspend,)
+HELD: tuple[Step, ...] = (lifecycle.hold,)
+"""Kueue holds the queued job (waiting for admission, or evicted)."""
+OPENING: tuple[Step, ...] = (
+    lifecycle.resume,
+    failed.account,
+    failed.hung,
+    failed.force_delete_stuck,
+    outcome.judge,
+)
+"""Every live pass: account what ended, then whether the job ends now."""
+COMPLETING: tuple[Step, ...] = (
+    completing.complete,
+    spares.retire,
+    training.training,
+)
+"""Some member exited 0: wait for the rest of the final round, start nothing."""
+LIVE: tuple[Step, ...] = (
+    spares.promote,
+    failed.replace_failed,
+    fence.fence,
+    children.refusals,
+    scaling.availability,
+    training.training,
+    store.liveness,
+    store.rendezvous_host,
+    children.services,
+    children.network_policy,
+    scaling.pace,
+    scaling.scale,
+    rolling.roll,
+    spares.keep,
+    scaling.desired_size,
+)
+"""A job that trains: stopped at the first step after which the job has finished."""
+ENDED: tuple[Step, ...] = (lifecycle.cleanup, spares.retire)
+"""The job finished in this very pass."""
+GOING_ON: tuple[Step, ...] = (lifecycle.resync,)
+CLOSING: tuple[Step, ...] = (
+    lifecycle.queue_poll,
+    lifecycle.idle,
+    counts.generations,
+    counts.counts,
+    training.progress,
+    counts.settle_events,
+    training.bound_progress,
+)
+"""Every pass that writes a status, whatever its branch."""
+
+
+def fold(ctx: Ctx, d: Draft, steps: Sequence[Step], *, while_live: bool = False) -> Draft:
+    """Run ``steps`` in order; with ``while_live``, stop once the job has finished."""
+    for step in steps:
+        if while_live and d.finished:
+            break
+        d = step(ctx, d)
+    return d
+
+
+def _run(ctx: Ctx, d: Draft) -> Draft:
+    prior = ctx.prior_phase
+    if prior is not None and prior.finished:
+        return fold(ctx, d, FINISHED)
+    if ctx.job.suspend:
+        return fold(ctx, d, SUSPENDED)
+    if ctx.obs.queue is not None and ctx.obs.queue.holds:
+        return fold(ctx, d, HELD)
+    d = fold(ctx, d, OPENING)
+    if not d.finished:
+        d = fold(ctx, d, COMPLETING if d.verdict is not None else LIVE, while_live=True)
+    return fold(ctx, d, ENDED if d.finished else GOING_ON)
+
+
+def plan(
+    job: JobSpec,
+    status: JobStatus,
+    observed: Observed,
+    now: dt.datetime,
+    settings: Settings | None = None,
+) -> Plan:
+    """Decide everything one reconcile pass does for ``job``; pure."""
+    ctx = Ctx.of(job, status, observed, now, settings or Settings())
+    if ctx.job.deleting:
+        return Plan()  # the garbage collector owns teardown; no status to write
+    d = _run(ctx, Draft.start(ctx))
+    return fold(ctx, d, CLOSING).to_plan()

@@ -1,0 +1,62 @@
+"""The pass's bookkeeping steps on status: the generation every condition was weighed
+against, the replica counts, and the Events the status carries until posted.
+
+Where it sits: pure steps ``(Ctx, Draft) -> Draft`` at the end of the planner's
+pipeline, whatever branch the pass took.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from torchflex_contract import labels
+from torchflex_operator.planning.context import Ctx, Draft
+from torchflex_operator.planning.rules import events, rollout
+from torchflex_operator.planning.rules.failures import succeeded
+from torchflex_operator.render import builders
+
+
+def generations(ctx: Ctx, d: Draft) -> Draft:
+    """Every condition was weighed against this spec, kept or changed (metav1.Condition)."""
+    gen = ctx.job.generation
+    conds = tuple(replace(c, observed_generation=gen) for c in d.status.conditions or ())
+    return d.with_status(conditions=conds)
+
+
+def counts(ctx: Ctx, d: Draft) -> Draft:
+    """Replicas, ready and updated members, restarts, the round and world size."""
+    s = d.status
+    active = [w for w in d.members if w.active]
+    current = builders.template_hash(ctx.job)
+    restarts = s.restarts or 0
+    rnd = -1 if s.rendezvous_round is None else s.rendezvous_round
+    world = s.world_size or 0
+    # Finished members' final reports count: a job done between polls keeps its
+    # world size, and a failed one the restarts and round its agents ended with.
+    names = {w.name for w in d.members if w.active or succeeded(w) or w.phase == "Failed"}
+    reports = [r for n, r in ctx.obs.reports.items() if n in names and r.round >= 0]
+    if reports:
+        rnd = max(r.round for r in reports)
+        world = max(r.world_size for r in reports if r.round == rnd)
+        restarts = max(restarts, *(r.restarts for r in reports))
+    return d.with_status(
+        replicas=len(active),
+        ready_replicas=sum(1 for w in active if w.ready),
+        updated_replicas=sum(1 for w in active if not rollout.outdated(w, current)),
+        selector=labels.worker_selector(ctx.job.name),
+        observed_generation=ctx.job.generation,
+        failures=s.failures or 0,
+        replacements=s.replacements or 0,
+        restarts=restarts,
+        rendezvous_round=rnd,
+        world_size=world,
+        warm_spares=(
+            sum(1 for w in d.spares if w.running) if ctx.job.warm_spares or d.spares else None
+        ),
+    )
+
+
+def settle_events(ctx: Ctx, d: Draft) -> Draft:
+    """Carry this pass's Events in the status until posted (``rules.events``)."""
+    decided = [(e.type, e.reason.value, e.message) for e in d.events]
+    return replace(d, status=events.settle(d.status, ctx.prior, decided, ctx.obs.posted_events))
