@@ -219,13 +219,33 @@ def test_replacement_with_the_lost_pods_name_is_not_fenced() -> None:
     old = worker(2, created=NOW - dt.timedelta(seconds=60))
     new = worker(2, uid="uid-new", created=NOW + dt.timedelta(seconds=5))
     seen = {wn(2): NOW}
-    assert [m.pod.uid for m in fencing.lost_members([old], reports, frozenset(), seen)] == [old.uid]
+    # The old pod's agent (frozen) still answers from the round it was lost in.
+    olds = {**reports, wn(2): live(3)}
+    assert [m.pod.uid for m in fencing.lost_members([old], olds, frozenset(), seen)] == [old.uid]
     assert fencing.lost_members([new], reports, frozenset({wn(2)}), seen) == []
     status = {**RUNNING, "lostVerdicts": [{"pod": wn(2), "round": 3, "since": ago(0)}]}
     obs = observed(worker(0), worker(1), new, reports=reports, unanswered=frozenset({wn(2)}))
     later = plan(job(), parsed(status), obs, NOW + dt.timedelta(seconds=6))
     assert not later.delete_pods
     assert written(later)["lostVerdicts"] == status["lostVerdicts"]  # first sighting kept
+
+
+def test_a_replacement_answering_from_no_round_is_not_the_lost_member() -> None:
+    """Seen under load (e2e kill scenario, 2 of 20 runs): the killed pod was replaced
+    before the survivors' verdict on it reached the operator, and the replacement,
+    whose agent answered from no round yet (-1, still joining), was fenced as the
+    lost member, again and again, so the group never grew back."""
+    replacement = worker(2, uid="uid-new", created=NOW - dt.timedelta(seconds=5))
+    joining = AgentReport(AgentState.RENDEZVOUS, round=-1)
+    reports = {wn(0): lost_by(0, wn(2)), wn(2): joining}
+    seen = {wn(2): NOW}
+    assert fencing.lost_members([replacement], reports, frozenset(), seen) == []
+    # The lost member itself still answers from the round it was lost in: fenced.
+    frozen = worker(2, created=NOW - dt.timedelta(seconds=60))
+    stale = {wn(0): lost_by(0, wn(2)), wn(2): live(0)}
+    assert [m.pod.uid for m in fencing.lost_members([frozen], stale, frozenset(), seen)] == [
+        frozen.uid
+    ]
 
 
 @pytest.mark.parametrize(

@@ -85,7 +85,8 @@ def lost_members(
     once, the survivors' reports come with the next poll): a pod that was
     ever seen in a round newer than the loss (``rounds_seen``) joined after
     it and is not the lost member either, even once it falls silent (its
-    agent exited at the end of the job, before its pod shows it).
+    agent exited at the end of the job, before its pod shows it); nor is one
+    whose agent answers that it was never in a round (a replacement joining).
     """
     named = verdicts(reports)
     joined = rounds_seen or {}
@@ -100,7 +101,10 @@ def lost_members(
             out.append(LostMember(pod, lost_round, reporter, silent=True))
             continue
         own = reports.get(pod.name)
-        if own is not None and own.round <= lost_round:
+        # An agent that reports no round at all (-1) was never a member of one: a
+        # replacement still joining (created before the verdict reached us), not the
+        # lost member, whose agent keeps the round it last trained in.
+        if own is not None and 0 <= own.round <= lost_round:
             out.append(LostMember(pod, lost_round, reporter, silent=False))
         # No answer recorded and not asked: unknown, the poller asks it next.
     return out
