@@ -11,8 +11,9 @@ One scenario, in order (3 nodes, ``--nnodes 2:3``):
 
 1. SIGKILL of one node (agent and workers): the two survivors' workers stay
    alive, re-create their process group in place (``... in place``) and
-   resume from their own copies (``from=local``), at most one step behind
-   the last step any rank printed.
+   resume from their own copies (``from=local``; or all from the one survivor
+   that finished the step in flight, ``from=rank K``), at most one step
+   behind the last step any rank printed.
 2. A replacement joins: the survivors re-form in place again (at most one
    step lost); the newcomer holds no copy and gets their state by broadcast
    (``from=rank K``), so the group of 3 goes on from where it was.
@@ -118,6 +119,22 @@ def check_at_most_one_lost(
     return got
 
 
+def check_from_survivors_memory(what: str, got: Sequence[Resume]) -> None:
+    """Every survivor kept its process and resumed from the survivors' own copies.
+
+    Usually each loads its own copy (``local``). But a gloo all_reduce ends on
+    different ranks at different times: a survivor can finish the step in flight
+    and commit it while another still waits for the lost member's data. Then the
+    newest copy is on one survivor only and goes to the others by broadcast (all
+    say ``rank k``, the same k); no disk either way. Seen under load in CI.
+    """
+    assert all(r[3] for r in got), f"{what}: the survivors did not re-form in place: {got}"
+    sources = {r[2] for r in got}
+    assert sources == {"local"} or (len(sources) == 1 and sources.pop().startswith("rank ")), (
+        f"{what}: survivors restored from mixed sources {got}"
+    )
+
+
 @pytest.mark.timeout(180)
 def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> None:
     sjob.start_store()
@@ -131,8 +148,8 @@ def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> Non
     killed_at = time.monotonic()
     signal_tree(tree, signal.SIGKILL)
     got = check_at_most_one_lost("sigkill", logs, survivors, killed_at)
-    # Same processes, a new process group, each from its own copy: nothing sent, nothing read.
-    assert all(r[2:] == ("local", True) for r in got), got
+    # Same processes, a new process group, from the survivors' copies: nothing read from disk.
+    check_from_survivors_memory("sigkill", got)
     restored = max(r[0] for r in got) - killed_at
     recovered = training_at(survivors, 2, killed_at, 60) - killed_at
     print(f"STATE sigkill: every survivor restored after {restored:.3f} s")
@@ -157,7 +174,7 @@ def test_sigkill_and_freeze_lose_at_most_one_step_without_disk(sjob: Job) -> Non
     frozen_at = time.monotonic()
     signal_tree(sjob.frozen, signal.SIGSTOP)
     unblocked = check_at_most_one_lost("freeze", group, awake, frozen_at)
-    assert all(r[2:] == ("local", True) for r in unblocked), unblocked
+    check_from_survivors_memory("freeze", unblocked)
     restored = max(r[0] for r in unblocked) - frozen_at
     recovered = training_at(awake, 2, frozen_at, 60) - frozen_at
     print(f"STATE freeze: every survivor restored after {restored:.3f} s")
