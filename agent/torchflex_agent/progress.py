@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from torchflex_agent import pulse
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import Progress
 
@@ -152,6 +153,7 @@ def default_reporter() -> Reporter | None:
 
 def report_step(step: int) -> None:
     """Tell the agent training reached ``step`` (cheap: call it every step)."""
+    pulse.tick()
     reporter = default_reporter()
     if reporter is not None:
         reporter.step(step)

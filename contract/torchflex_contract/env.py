@@ -100,6 +100,13 @@ stack and kills it (a teardown hang; its exit code is the script's)."""
 COMPLETION_GRACE: Final = "TORCHFLEX_COMPLETION_GRACE"
 """Seconds a member's workers may run on after another member of the round finished
 the job before the agent records their stacks and ends them (``docs/api.md``)."""
+HANG_TIMEOUT: Final = "TORCHFLEX_HANG_TIMEOUT"
+"""Seconds without training progress anywhere in the job before the agents declare a
+hang (``spec.hangTimeoutSeconds``; 0 turns detection off). Unset: derived from the
+job's own step times (``torchflex_agent.loop.logic.stall``)."""
+PULSE_FILE: Final = "TORCHFLEX_PULSE_FILE"
+"""Per worker: the small binary record its bootstrap's hooks keep current (steps,
+last activity, forward time, a declared pause; ``torchflex_agent.pulse``)."""
 PROGRESS_FILE: Final = "TORCHFLEX_PROGRESS_FILE"
 """Where the ``LOCAL_RANK`` 0 worker reports training progress
 (``torchflex_agent.progress``): one file per agent, replaced atomically."""

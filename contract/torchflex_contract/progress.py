@@ -44,6 +44,10 @@ MAX_FRAMES: Final = 8
 MAX_FRAME: Final = 200
 MAX_HANG_STACK: Final = 1536
 """Characters of a hung worker's stack a report carries (the innermost frames: its tail)."""
+MAX_STALL_RANKS: Final = 8
+"""Ranks whose stacks a ``StallReport`` carries (the culprit first, then by rank)."""
+MAX_STALL_STACK: Final = 1024
+"""Characters of each rank's stack in a ``StallReport`` (its innermost frames)."""
 
 
 class AgentState(enum.StrEnum):
@@ -69,6 +73,9 @@ class RestartReason(enum.StrEnum):
     MEMBER_LEFT = "MemberLeft"
     WORKER_FAILED = "WorkerFailed"
     STORE_LOST = "StoreLost"
+    HANG = "Hang"
+    """No training progress anywhere in the job for the hang timeout: every member
+    recorded its workers' stacks and restarted them (a counted failure)."""
 
 
 def _bounded(text: object, limit: int) -> str:
@@ -178,6 +185,79 @@ class HangReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class RankStall:
+    """One rank's state when the job was declared hung (``StallReport.ranks``)."""
+
+    rank: int
+    pod: str = ""
+    steps: int = 0
+    """Optimizer steps (or reported steps) it completed in the hung round."""
+    idle: float = 0.0
+    """Seconds since it last made progress (a forward, a step, a report)."""
+    waiting: bool = False
+    """Its main thread was inside torch's collectives or autograd (waiting on a peer)."""
+    stack: str = ""
+    """Its threads' stacks (innermost ``MAX_STALL_STACK`` characters)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> RankStall:
+        return cls(
+            rank=int(raw["rank"]),
+            pod=_bounded(raw.get("pod", ""), 253),
+            steps=int(raw.get("steps", 0)),
+            idle=_finite(raw.get("idle", 0.0)),
+            waiting=raw.get("waiting") is True,
+            stack=str(raw.get("stack", ""))[-MAX_STALL_STACK:],
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class StallReport:
+    """A hang the agents declared: no progress anywhere for ``timeout`` seconds.
+
+    Assembled by the agent holding node rank 0 from every member's entry in the
+    store (``rendezvous.records``), the culprit first: the rank that stopped
+    taking part (``loop.logic.stall.culprit``).
+    """
+
+    round: int
+    rank: int
+    """The rank that stopped progressing (-1 if none stood out)."""
+    pod: str = ""
+    timeout: float = 0.0
+    """The hang timeout in force (explicit or derived from step times)."""
+    ranks: tuple[RankStall, ...] = ()
+
+    def summary(self) -> str:
+        who = f"rank {self.rank} (pod {self.pod or '?'})" if self.rank >= 0 else "no rank"
+        return (
+            f"no training progress for {self.timeout:.0f} s in round {self.round}: "
+            f"{who} stopped taking part"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["ranks"] = [r.to_dict() for r in self.ranks]
+        return data
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> StallReport:
+        ranks = raw.get("ranks") or []
+        if not isinstance(ranks, list):
+            raise TypeError("ranks must be a list")
+        return cls(
+            round=int(raw["round"]),
+            rank=int(raw.get("rank", -1)),
+            pod=_bounded(raw.get("pod", ""), 253),
+            timeout=_finite(raw.get("timeout", 0.0)),
+            ranks=tuple(RankStall.from_dict(r) for r in ranks[:MAX_STALL_RANKS]),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Progress:
     """Training progress one agent's workers reported (see docs/agent.md).
 
@@ -245,6 +325,9 @@ class AgentReport:
     """What the workers reported about training; None when they report nothing."""
     hang: HangReport | None = None
     """A worker this agent ended because it would not exit (teardown or completion hang)."""
+    stall: StallReport | None = None
+    """The latest hang the group declared (no progress for the hang timeout), with every
+    rank's stack; only the agent holding node rank 0 assembles and reports it."""
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -253,6 +336,7 @@ class AgentReport:
         data["lost_pods"] = list(self.lost_pods)
         data["root_cause"] = self.root_cause.to_dict() if self.root_cause else None
         data["hang"] = self.hang.to_dict() if self.hang else None
+        data["stall"] = self.stall.to_dict() if self.stall else None
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -281,6 +365,7 @@ class AgentReport:
                 root_cause=_optional(RootCause.from_dict, raw.get("root_cause")),
                 progress=_optional(Progress.from_dict, raw.get("progress")),
                 hang=_optional(HangReport.from_dict, raw.get("hang")),
+                stall=_optional(StallReport.from_dict, raw.get("stall")),
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"malformed agent report: {exc}") from exc
@@ -297,7 +382,9 @@ def _optional(parse: Callable[[Mapping[str, Any]], _T], raw: object) -> _T | Non
 def termination_text(report: AgentReport, limit: int = MAX_TERMINATION_MESSAGE) -> str:
     """The report as JSON of at most ``limit`` characters (ASCII, so bytes too).
 
-    What gives way, in order: a hang's stack (its outermost part), the root
+    What gives way, in order: a declared hang's stacks (the live ``/status``
+    carries them; the operator read them while the group re-formed), then the
+    hang itself, a hung worker's stack (its outermost part), the root
     cause's outermost frames, then the root cause's message, then the
     report's message (each keeps its head), never the JSON structure or the
     numbers.
@@ -308,7 +395,13 @@ def termination_text(report: AgentReport, limit: int = MAX_TERMINATION_MESSAGE) 
             break
         cause = report.root_cause
         hang = report.hang
-        if hang is not None and hang.stack:
+        stall = report.stall
+        if stall is not None and any(r.stack for r in stall.ranks):
+            ranks = tuple(dataclasses.replace(r, stack="") for r in stall.ranks)
+            report = dataclasses.replace(report, stall=dataclasses.replace(stall, ranks=ranks))
+        elif stall is not None:
+            report = dataclasses.replace(report, stall=None)
+        elif hang is not None and hang.stack:
             keep = len(_shrunk(hang.stack, len(text), limit))
             hang = dataclasses.replace(hang, stack=hang.stack[len(hang.stack) - keep :])
             report = dataclasses.replace(report, hang=hang)

@@ -72,6 +72,14 @@ FAILURE: Final = "failure"
 """``failure/<node_rank>``: the worker failure a member saw in this round (text),
 so the agent that gives up can name the root cause, not a peer-loss symptom."""
 
+ACTIVITY: Final = "activity"
+"""Counter a member adds to (at most once per publish interval) while its workers make
+training progress or declare a pause; a member sees the job hung when it stops moving
+for the hang timeout on its own clock (``loop.logic.stall``)."""
+STALL: Final = "stall"
+"""``stall/<node_rank>``: JSON list of that member's ``RankStall`` entries, written once
+the round was marked stale as a hang; node rank 0 assembles the ``StallReport``."""
+
 
 def round_key(keys: Keys, round_no: int, *parts: object) -> str:
     """A per-round key, e.g. ``round_key(keys, 3, STALE)``."""

@@ -34,7 +34,7 @@ PURE_AGENT = "agent's pure decisions spawn, signal and connect nothing"
 STORE_KEYS = "only the rendezvous reads and writes rendezvous keys"
 AGENT_NO_STATE = "the agent never imports the state API's torch side"
 STATE_NO_TORCH = "the state API's copies and decisions import no torch"
-AGENT_LAYERS = "agent layers: cli > loop > workers > rendezvous > stores > memstate > fence"
+AGENT_LAYERS = "agent layers: cli > loop > workers > rendezvous > stores > memstate > pulse | fence"
 AGENT_ACYCLIC = "no import cycles between the agent's sibling packages or modules"
 KINDS: dict[str, type[Contract]] = {
     "forbidden": ForbiddenContract,

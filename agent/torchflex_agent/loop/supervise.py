@@ -25,6 +25,7 @@ from typing import NoReturn, assert_never
 
 from torchflex_agent.errors import StoreUnavailableError
 from torchflex_agent.fence import Lease, reform_grace
+from torchflex_agent.loop import stalls
 from torchflex_agent.loop.logic.config import AgentConfig
 from torchflex_agent.loop.logic.policy import (
     Action,
@@ -102,6 +103,8 @@ class RoundSupervisor:
     exited 0 (``loop.logic.policy.closed_job_exit``)."""
 
     _hang_reported: bool = False
+    _hang_claimed: float | None = None
+    """The timeout in force when this member declared the round hung (it counts it)."""
     _next_probe: float = 0.0
     """Seconds after the job completed elsewhere when ``supervise`` next samples stacks."""
 
@@ -110,7 +113,9 @@ class RoundSupervisor:
     ) -> RestartReason:
         self.workers_succeeded = False
         self._hang_reported = False
+        self._hang_claimed = None
         self._next_probe = self.config.teardown_grace
+        watch = stalls.StallWatch(rdzv, result, self.config.hang_timeout)
         while True:
             self.wake.wait(self.config.monitor_interval)
             self.wake.clear()
@@ -130,6 +135,8 @@ class RoundSupervisor:
                 self._hang_reported = True
                 self.update(hang=group.hang)
             self.workers_succeeded = state is GroupState.SUCCEEDED
+            if state is GroupState.RUNNING and stale is None and not self.terminating.is_set():
+                stale = self._declare_hang(rdzv, result, watch.check(group))
             if state is GroupState.SUCCEEDED and stale is None:
                 # The stale watcher may lag the workers by a round trip; a
                 # peer's leave makes workers exit 0 too, so ask the store.
@@ -145,6 +152,8 @@ class RoundSupervisor:
                 rdzv.close_job("succeeded")
                 group.stop(0.0)
                 raise AgentExitError(ExitCode.SUCCESS)
+            if action is Action.REFORM and stale is RestartReason.HANG:
+                return self._on_hang(rdzv, result, group, watch)
             if action is Action.REFORM:
                 assert stale is not None
                 silent = False
@@ -171,6 +180,50 @@ class RoundSupervisor:
                     self.update(root_cause=failure.cause)
                 return self._on_failure(rdzv, result, group, failure.describe())
             assert_never(action)  # mypy: every Action has its branch above
+
+    def _declare_hang(
+        self, rdzv: Rendezvous, result: RendezvousResult, limit: float | None
+    ) -> RestartReason | None:
+        """Mark the round hung when ``limit`` (the timeout in force) says so; the reason
+        the round is stale now (ours, or a mark that beat ours), else None."""
+        if limit is None:
+            return None
+        detail = f"no training progress for {limit:.0f} s (seen by node rank {result.node_rank})"
+        if rdzv.claim_stale(result.round, RestartReason.HANG, detail):
+            self._hang_claimed = limit
+            log.warning("round %d: hang: %s", result.round, detail)
+            return RestartReason.HANG
+        mark = rdzv.stale_mark(result.round)
+        return mark.reason if mark is not None else None
+
+    def _on_hang(
+        self,
+        rdzv: Rendezvous,
+        result: RendezvousResult,
+        group: WorkerGroup,
+        watch: stalls.StallWatch,
+    ) -> RestartReason:
+        """The round was declared hung: record every local rank (stacks, steps), let node
+        rank 0 assemble the report, restart the workers; the declaring member counts it."""
+        stalls.record(rdzv, result, group, time.monotonic)
+        limit = self._hang_claimed or watch.limit or 0.0
+        if result.node_rank == 0:
+            report = stalls.assemble(rdzv, result, limit)
+            log.warning("round %d: %s", result.round, report.summary())
+            self.update(stall=report, message=report.summary())
+        group.stop(self.config.stop_grace)
+        if self._hang_claimed is not None:
+            restarts = rdzv.count_failure(result.round)
+            if restarts is not None:
+                self.counted(restarts)
+                if budget_exhausted(restarts, self.config.max_restarts):
+                    text = (
+                        f"hang after {restarts - 1} restarts (max {self.config.max_restarts}): "
+                        f"no training progress for {limit:.0f} s"
+                    )
+                    rdzv.close_job("failed", text)
+                    raise AgentExitError(ExitCode.USER_ERROR, text)
+        return RestartReason.HANG
 
     def _end_completion_hang(
         self, result: RendezvousResult, group: WorkerGroup, monitor: RoundMonitor

@@ -32,8 +32,9 @@ from torchflex_agent.rendezvous.logic import (
     raise_for_job_closure,
 )
 from torchflex_agent.stores.kvstore import KVStore
-from torchflex_contract.progress import RestartReason
+from torchflex_contract.progress import RankStall, RestartReason
 from torchflex_contract.store_keys import (
+    ACTIVITY,
     CLOSED,
     FAILURE,
     FAILURE_COUNTED,
@@ -44,6 +45,7 @@ from torchflex_contract.store_keys import (
     LOST,
     RESTARTS,
     STALE,
+    STALL,
     WAITING,
     Keys,
     round_key,
@@ -227,3 +229,32 @@ class RoundRecords:
         ranks = (r for r in range(result.num_nodes) if r != result.node_rank)
         raws = [self._store.get(round_key(self.keys, result.round, FAILURE, r)) for r in ranks]
         return [raw.decode(errors="replace") for raw in raws if raw]
+
+    # -- progress and declared hangs (loop.stalls) ------------------------
+
+    def add_activity(self, round_no: int) -> int:
+        """This member's workers made progress: the round's activity counter goes up."""
+        return self._store.add(round_key(self.keys, round_no, ACTIVITY), 1)
+
+    def activity(self, round_no: int) -> int | None:
+        """The round's activity counter; None while nobody made progress."""
+        return parse_counter(self._store.get(round_key(self.keys, round_no, ACTIVITY)))
+
+    def put_stall(self, round_no: int, node_rank: int, entries: list[RankStall]) -> None:
+        """This member's ranks as they were when the round was declared hung."""
+        raw = json.dumps([e.to_dict() for e in entries]).encode()
+        self._store.set(round_key(self.keys, round_no, STALL, node_rank), raw)
+
+    def stalls(self, round_no: int, num_nodes: int) -> dict[int, list[RankStall]]:
+        """Every member's entries written so far (node rank -> its ranks); malformed ones
+        are skipped, not fatal: the report is evidence, not a decision."""
+        keys = [round_key(self.keys, round_no, STALL, i) for i in range(num_nodes)]
+        out: dict[int, list[RankStall]] = {}
+        for node_rank, raw in enumerate(self._store.get_many(keys)):
+            if raw is None:
+                continue
+            try:
+                out[node_rank] = [RankStall.from_dict(e) for e in json.loads(raw)]
+            except (ValueError, TypeError, KeyError) as exc:
+                log.warning("round %d: node %d: bad stall entry: %s", round_no, node_rank, exc)
+        return out

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from torchflex_agent.errors import CommandNotRunnableError, LaunchError, SpawnFailedError
+from torchflex_agent.pulse import Pulse, read_pulse
 from torchflex_agent.rendezvous.logic import RendezvousResult
 from torchflex_agent.workers import hangs, rootcause
 from torchflex_agent.workers.logic import GroupState
@@ -110,6 +111,7 @@ def worker_env(
             tfenv.PROGRESS_FILE: str(progress_file(ctx.error_dir)),
             tfenv.FINISHED_FILE: str(finished_file(ctx, result.round, rank)),
             tfenv.STACK_FILE: str(stack_file(ctx, result.round, rank)),
+            tfenv.PULSE_FILE: str(pulse_file(ctx, result.round, rank)),
         }
     )
     if ctx.state_dir is not None:
@@ -223,6 +225,10 @@ def finished_file(ctx: LaunchContext, round_no: int, rank: int) -> Path:
 
 def stack_file(ctx: LaunchContext, round_no: int, rank: int) -> Path:
     return error_file(ctx, round_no, rank).with_name("stacks.txt")
+
+
+def pulse_file(ctx: LaunchContext, round_no: int, rank: int) -> Path:
+    return error_file(ctx, round_no, rank).with_name("pulse.bin")
 
 
 def read_finished(path: Path) -> tuple[int, float] | None:
@@ -348,7 +354,7 @@ class WorkerGroup:
         """Per local rank: its stderr copier, which keeps the tail."""
         self._failed: dict[int, WorkerFailure] = {}
         """Per local rank, once read: an exited worker's failure does not change."""
-        self._files: list[tuple[Path, Path]] = []
+        self._files: list[tuple[Path, Path, Path]] = []
         """Per local rank: its finished and stack files (fixed at start: a kept
         worker's environment cannot change)."""
         self._ended: dict[int, int] = {}
@@ -377,7 +383,11 @@ class WorkerGroup:
             efile = Path(env["TORCHELASTIC_ERROR_FILE"])
             efile.parent.mkdir(parents=True, exist_ok=True)
             efile.unlink(missing_ok=True)
-            files = (Path(env[tfenv.FINISHED_FILE]), Path(env[tfenv.STACK_FILE]))
+            files = (
+                Path(env[tfenv.FINISHED_FILE]),
+                Path(env[tfenv.STACK_FILE]),
+                Path(env[tfenv.PULSE_FILE]),
+            )
             for path in files:
                 path.unlink(missing_ok=True)
             self._files.append(files)
@@ -502,6 +512,10 @@ class WorkerGroup:
             path = self._files[local_rank][1] if local_rank < len(self._files) else None
             out.append((local_rank, hangs.capture(proc.pid, path)))
         return out
+
+    def pulses(self) -> list[Pulse | None]:
+        """Each local worker's pulse (``pulse.read_pulse``); None where it wrote none."""
+        return [read_pulse(files[2]) for files in self._files]
 
     def end_hung(
         self, since: float, stacks: list[tuple[int, str]] | None = None

@@ -76,6 +76,8 @@ ERROR_FILE_ENV = "TORCHFLEX_ERROR_FILE"
 FINISHED_FILE_ENV = "TORCHFLEX_FINISHED_FILE"
 STACK_FILE_ENV = "TORCHFLEX_STACK_FILE"
 STACK_SIGNAL = signal.SIGRTMIN + 4
+# torchflex_contract.env.PULSE_FILE, likewise.
+PULSE_FILE_ENV = "TORCHFLEX_PULSE_FILE"
 # torchflex_contract.env.KEPT_GROUPS_ATTR: the list of process groups a worker keeps
 # (``keep_process_groups``), an attribute of torch.distributed.distributed_c10d;
 # ``torchflex_agent.state`` empties it to free a group it leaves (in-place re-form).
@@ -253,6 +255,21 @@ def keep_process_groups() -> None:
     setattr(c10d, "_register_process_group", keep)  # noqa: B010 - a module global
 
 
+def arm_pulse(path: str | None) -> bool:
+    """Start the worker's pulse (``torchflex_agent.pulse``: steps, forwards, pauses) when
+    this interpreter can import it (the agent image's can); True if torch's hooks are set.
+
+    Without it the agent sees no progress from this worker and declares no hang.
+    """
+    if not path:
+        return False
+    try:
+        pulse = importlib.import_module("torchflex_agent.pulse")
+    except ImportError:
+        return False
+    return bool(pulse.install(path))
+
+
 def _finish(code: int) -> None:
     """End the worker as Python would, minus the slow module teardown."""
     main = threading.main_thread()
@@ -334,6 +351,8 @@ def _become_worker(req: dict[str, Any], fds: list[int], zygote_pid: int) -> None
         os._exit(127)
     arm_stack_dump(os.environ.get(STACK_FILE_ENV))
     keep_process_groups()
+    with contextlib.suppress(Exception):  # never a reason for the script not to run
+        arm_pulse(os.environ.get(PULSE_FILE_ENV))
     code = 0
     try:
         if argv[0] == "-m":

@@ -57,6 +57,9 @@ class AgentConfig:
     """Seconds a worker whose script returned may take to exit (then: stacks, SIGKILL)."""
     completion_grace: float = tfenv.DEFAULT_COMPLETION_GRACE_S
     """Seconds workers may run on once another member finished the job (then: stacks, end)."""
+    hang_timeout: float | None = None
+    """Seconds without progress anywhere before a hang is declared; None: derived from the
+    job's step times (``loop.logic.stall``); 0: no hang detection."""
 
     @property
     def store_name(self) -> str:
@@ -101,6 +104,8 @@ def check_nproc(text: str) -> str:
     raise ConfigError(f"--nproc-per-node: expected auto|gpu|cpu|N (1..{MAX_NPROC}), got {text!r}")
 
 
+MIN_HANG_TIMEOUT_S = 10.0
+"""Below this a slow step would read as a hang (the CRD refuses it too)."""
 MAX_SECONDS = 86_400.0
 """Upper bound of every duration flag that takes no ``inf``: a day. Larger
 values are typos, and some would overflow a thread wait (``OverflowError``)."""
@@ -251,6 +256,15 @@ _FLAGS: tuple[_Flag, ...] = (
         "stacks are recorded and they are ended",
     ),
     _Flag(
+        ("--hang-timeout",),
+        "hang_timeout",
+        tfenv.HANG_TIMEOUT,
+        "auto",
+        "seconds without training progress anywhere in the job before a hang is declared "
+        "(stacks recorded, workers restarted; a counted failure); 'auto' derives it from "
+        "the step time (60-600 s), 0 turns it off",
+    ),
+    _Flag(
         ("--heartbeat-interval",),
         "heartbeat_interval",
         tfenv.HEARTBEAT_INTERVAL,
@@ -367,7 +381,21 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         completion_grace=_number("--completion-grace", float, 1.0, MAX_SECONDS)(
             ns.completion_grace
         ),
+        hang_timeout=parse_hang_timeout(ns.hang_timeout),
     )
+
+
+def parse_hang_timeout(text: str) -> float | None:
+    """``auto`` (None: derived), 0 (off) or 10 s to a day."""
+    if text.strip().lower() == "auto":
+        return None
+    value = _number("--hang-timeout", float, 0.0, MAX_SECONDS)(text)
+    if 0 < value < MIN_HANG_TIMEOUT_S:
+        raise ConfigError(
+            f"--hang-timeout: must be 0 (off), 'auto' or at least {_plain(MIN_HANG_TIMEOUT_S)} "
+            f"seconds, got {text!r}"
+        )
+    return value
 
 
 def resolve_nproc(spec: str, gpu_limit: str | None, cuda_count: Callable[[], int]) -> int:

@@ -1,0 +1,145 @@
+"""Watching a running round for a hang, and recording every rank when one is declared.
+
+Where it sits: ``loop.supervise.RoundSupervisor`` makes one ``StallWatch`` per
+round and calls ``check`` on each wake-up while the workers run; it returns
+the timeout in force once the job is hung (``loop.logic.stall``). Then every
+member calls ``record`` (its ranks' pulses and stacks into the store), and
+the member holding node rank 0 calls ``assemble`` (every member's entries,
+the culprit first) for its report. The workers' side is ``pulse``: hooks the
+fork server's bootstrap installs, so unchanged scripts are watched.
+
+Store cost: a member adds to the round's activity counter at most once per
+check while its workers progress (or hold a declared pause), else reads it
+once: one operation per ``stall.check_every`` seconds (a tenth of the
+timeout, 0.5-5 s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from torchflex_agent.loop.logic import stall
+from torchflex_agent.pulse import Pulse
+from torchflex_agent.rendezvous.logic import RendezvousResult
+from torchflex_agent.rendezvous.protocol import Rendezvous
+from torchflex_agent.workers.group import WorkerGroup
+from torchflex_contract.progress import RankStall, StallReport
+
+log = logging.getLogger(__name__)
+
+GATHER_S = 5.0
+"""How long node rank 0 waits for the other members' entries of a declared hang."""
+_GATHER_POLL_S = 0.2
+
+
+@dataclasses.dataclass
+class StallWatch:
+    """One round's hang detector on this member (``check`` from the supervisor's loop)."""
+
+    rdzv: Rendezvous
+    result: RendezvousResult
+    explicit: float | None
+    """``--hang-timeout``: None derives it from step times, 0 turns detection off."""
+    clock: Callable[[], float] = time.monotonic
+    _state: stall.StallClock | None = None
+    _next: float = 0.0
+    _published: float = 0.0
+    _first: tuple[float, int] | None = None
+    _step_s: float | None = None
+
+    @property
+    def limit(self) -> float | None:
+        return stall.timeout(self.explicit, self._step_s)
+
+    def check(self, group: WorkerGroup) -> float | None:
+        """The timeout in force if the job is hung now, else None (rate-limited)."""
+        now = self.clock()
+        if self._state is None:
+            self._state = stall.StallClock.start(now)
+            self._next = now
+        if (self.explicit is not None and self.explicit <= 0) or now < self._next:
+            return None
+        self._next = now + stall.check_every(self.limit)
+        pulses = [p for p in group.pulses() if p is not None]
+        if not pulses:
+            return None  # workers nobody can watch (no pulse): never judged
+        self._learn_step_time(pulses)
+        latest = max((p.last_activity for p in pulses), default=0.0)
+        paused = any(p.paused_until > now for p in pulses)
+        if latest > self._published or paused:
+            self._published = max(latest, now if paused else 0.0)
+            counter: int | None = self.rdzv.add_activity(self.result.round)
+        else:
+            counter = self.rdzv.activity(self.result.round)
+        self._state = self._state.observe(now, counter, self.limit)
+        return self.limit if self._state.stalled(now, self.limit) else None
+
+    def _learn_step_time(self, pulses: list[Pulse]) -> None:
+        busiest = max(pulses, key=lambda p: p.steps, default=None)
+        if busiest is None or busiest.steps < 1:
+            return
+        sample = (busiest.last_step, busiest.steps)
+        if self._first is None:
+            self._first = sample
+            return
+        got = stall.step_seconds(self._first, sample)
+        if got is not None:
+            self._step_s = got
+
+    def idle(self) -> float:
+        return 0.0 if self._state is None else self._state.idle(self.clock())
+
+
+def record(
+    rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, clock: Callable[[], float]
+) -> list[RankStall]:
+    """This member's ranks now: pulses and stacks (logged whole), written to the store."""
+    now = clock()
+    pulses = group.pulses()
+    stacks = dict(group.stacks())
+    pod = result.nodes[result.node_rank].pod if 0 <= result.node_rank < result.num_nodes else ""
+    entries = []
+    for local_rank, pulse in enumerate(pulses):
+        rank = result.rank_offset + local_rank
+        dump = stacks.get(local_rank, "")
+        log.warning(
+            "round %d: hang: rank %d's stacks:\n%s", result.round, rank, dump or "(none read)"
+        )
+        main = stall.main_thread(dump)
+        last = pulse.last_activity if pulse is not None and pulse.last_activity else None
+        entries.append(
+            RankStall(
+                rank=rank,
+                pod=pod,
+                steps=pulse.steps if pulse is not None else 0,
+                idle=round(now - last, 1) if last is not None else -1.0,
+                waiting=stall.waiting_on_peers(main),
+                stack=stall.bounded_stack(main),
+            )
+        )
+    rdzv.put_stall(result.round, result.node_rank, entries)
+    return entries
+
+
+def assemble(rdzv: Rendezvous, result: RendezvousResult, limit: float) -> StallReport:
+    """Node rank 0: every member's entries (waiting up to ``GATHER_S``), the culprit first."""
+    deadline = time.monotonic() + GATHER_S
+    got = rdzv.stalls(result.round, result.num_nodes)
+    while len(got) < result.num_nodes and time.monotonic() < deadline:
+        time.sleep(_GATHER_POLL_S)
+        got = rdzv.stalls(result.round, result.num_nodes)
+    entries = [e for node in sorted(got) for e in got[node]]
+    first = stall.culprit(entries)
+    missing = sorted(set(range(result.num_nodes)) - set(got))
+    if missing:
+        log.warning("round %d: hang: no entry from node rank(s) %s", result.round, missing)
+    return StallReport(
+        round=result.round,
+        rank=first.rank if first is not None else -1,
+        pod=first.pod if first is not None else "",
+        timeout=limit,
+        ranks=stall.ordered(entries, first),
+    )

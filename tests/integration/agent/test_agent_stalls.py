@@ -1,0 +1,114 @@
+"""A rank alive but stuck, and a long declared evaluation, with real agents (issue 28).
+
+Three agents on a real c10d store train ``stall_train.py`` (DDP over gloo,
+no torchflex call but one ``paused`` in the evaluation case). A rank that
+stops taking part leaves every process alive: no socket closes and every
+heartbeat goes on. The agents must see the job stop progressing (the fork
+server's hooks count optimizer steps and forwards), declare a hang after
+``--hang-timeout``, record every rank's stack, name the rank that stopped,
+restart the workers once (a counted failure) and train on to the end. An
+evaluation of longer than the timeout, declared with ``pulse.paused``, must
+not be called a hang.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.agent.tfagent_helpers import PYTHON, Job
+from torchflex_contract.progress import RestartReason
+
+SCRIPT = str(Path(__file__).with_name("stall_train.py"))
+TIMEOUT_S = 10
+FLAGS = ["--hang-timeout", str(TIMEOUT_S), "--max-restarts", "3"]
+
+
+def _stall_time(job: Job) -> float:
+    """When rank 1 stopped taking part (its agent's log line), waited for up to 120 s."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for log in job.agents:
+            hits = log.matching(r"rank 1: stopping to take part")
+            if hits:
+                return hits[0][0]
+        time.sleep(0.2)
+    raise AssertionError("rank 1 never stopped: " + job.agents[0].text()[-2000:])
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_that_stops_taking_part_is_named_and_the_job_trains_on(tmp_path: Path) -> None:
+    env = {"STALL_AT": "20", "STALL_RANK": "1", "STEPS": "40"}
+    with Job(tmp_path, agent_env=env, serve_status=True, pod_names=True) as job:
+        job.start_store()
+        logs = [job.start_agent([PYTHON, SCRIPT], "3:3", FLAGS) for _ in range(3)]
+        t_stall = _stall_time(job)
+        # The hang is declared, every worker restarted once, and training resumes.
+        resumed = [
+            log.wait_for(lambda s: re.search(r"step \d+ world 3 restart 1", s) is not None, 90)[0]
+            for log in logs
+        ]
+        assert max(resumed) - t_stall < TIMEOUT_S + 30, (t_stall, resumed)
+        # The live report of the agent that held node rank 0 carries every rank's stack.
+        live = [job.status(i).stall for i in range(3)]
+        stalls = [st for st in live if st is not None]
+        assert len(stalls) == 1, live
+        stall = stalls[0]
+        assert stall.rank == 1 and stall.pod.startswith("pod-"), stall
+        assert stall.timeout == TIMEOUT_S
+        assert {r.rank for r in stall.ranks} == {0, 1, 2}, stall
+        culprit, *others = stall.ranks
+        assert culprit.pod == stall.pod, stall
+        assert "stalled_in_user_code" in culprit.stack and not culprit.waiting, culprit
+        assert all(o.waiting for o in others), others
+        codes = [a.proc.wait(120) for a in job.agents]
+        assert codes == [0, 0, 0], [a.text()[-3000:] for a in job.agents]
+        reports = [job.termination_report(i) for i in range(3)]
+        assert {r.restarts for r in reports} == {1}, reports
+        assert {r.last_restart_reason for r in reports} == {RestartReason.HANG}, reports
+        # Each agent logged its ranks' whole stacks.
+        text = "\n".join(a.text() for a in job.agents)
+        assert text.count("hang: rank ") >= 3, text[-4000:]
+
+
+@pytest.mark.timeout(240)
+def test_a_declared_evaluation_longer_than_the_timeout_is_not_a_hang(tmp_path: Path) -> None:
+    """Rank 0 evaluates for 2.5 timeouts inside ``paused`` while ranks 1 and 2 wait in a
+    barrier, making no progress at all: their agents must see the pause (shared through
+    the store) and leave the job alone."""
+    env = {"EVAL_AT": "10", "EVAL_SECONDS": str(TIMEOUT_S * 2.5), "STEPS": "20"}
+    with Job(tmp_path, agent_env=env) as job:
+        job.start_store()
+        for _ in range(3):
+            job.start_agent([PYTHON, SCRIPT], "3:3", FLAGS)
+        codes = [a.proc.wait(180) for a in job.agents]
+        text = "\n".join(a.text() for a in job.agents)
+        assert codes == [0, 0, 0], text[-4000:]
+        assert "rank 0: evaluating" in text
+        assert "hang" not in text.lower(), text[-4000:]
+        reports = [job.termination_report(i) for i in range(3)]
+        assert {r.restarts for r in reports} == {0}, reports
+        assert all(r.stall is None for r in reports), reports
+        # Every rank trained to the end in the first run.
+        assert len(re.findall(r"step 20 world 3 restart 0", text)) == 3, text[-4000:]
+
+
+@pytest.mark.timeout(240)
+def test_the_same_evaluation_undeclared_is_a_hang(tmp_path: Path) -> None:
+    """The control: without ``paused`` the waiting ranks' agents do declare the hang (so
+    the test above is known to bite), and name rank 0, the one not waiting on peers."""
+    env = {"EVAL_AT": "10", "EVAL_SECONDS": str(TIMEOUT_S * 2.5), "STEPS": "20",
+           "EVAL_UNDECLARED": "1"}  # fmt: skip
+    with Job(tmp_path, agent_env=env, serve_status=True) as job:
+        job.start_store()
+        for _ in range(3):
+            job.start_agent([PYTHON, SCRIPT], "3:3", [*FLAGS[:2], "--max-restarts", "0"])
+        codes = [a.proc.wait(180) for a in job.agents]
+        text = "\n".join(a.text() for a in job.agents)
+        assert 1 in codes, (codes, text[-4000:])
+        assert "no training progress for 10 s" in text, text[-4000:]
+        stalls = [r.stall for i in range(3) if (r := job.termination_report(i)).stall]
+        assert len(stalls) == 1 and stalls[0].rank == 0, stalls
