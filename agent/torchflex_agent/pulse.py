@@ -72,7 +72,7 @@ class Pulse:
         return self.paused_until > now
 
 
-class _Writer:
+class PulseWriter:
     """The worker's side: the record's fields, written whole after each event."""
 
     def __init__(self, fd: int, clock: Any = time.monotonic) -> None:
@@ -154,7 +154,7 @@ class _Writer:
 
 
 # This worker's writer once ``install`` ran (a list: no ``global`` statement).
-_INSTALLED: list[_Writer] = []
+_INSTALLED: list[PulseWriter] = []
 
 
 def install(path: str | None) -> bool:
@@ -171,7 +171,7 @@ def install(path: str | None) -> bool:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         return False
-    writer = _Writer(fd)
+    writer = PulseWriter(fd)
     _INSTALLED[:] = [writer]
     optim = sys.modules.get("torch.optim.optimizer")
     modules = sys.modules.get("torch.nn.modules.module")
@@ -187,7 +187,7 @@ def install(path: str | None) -> bool:
     return True
 
 
-def _current() -> _Writer | None:
+def _current() -> PulseWriter | None:
     if not _INSTALLED and os.environ.get(tfenv.PULSE_FILE):
         install(os.environ[tfenv.PULSE_FILE])  # a worker the bootstrap did not start
     return _INSTALLED[0] if _INSTALLED else None

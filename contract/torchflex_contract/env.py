@@ -120,6 +120,10 @@ DEFAULT_LIVENESS_TIMEOUT_S: Final = 1.5
 DEFAULT_STOP_GRACE_S: Final = 3.0
 DEFAULT_TEARDOWN_GRACE_S: Final = 30.0
 DEFAULT_COMPLETION_GRACE_S: Final = 300.0
+MIN_HANG_TIMEOUT_S: Final = 10
+"""The shortest hang timeout (``HANG_TIMEOUT``) besides 0 (off): below it a slow step
+would read as a hang. The CRD and the agent's flag refuse less."""
+MAX_HANG_TIMEOUT_S: Final = 86_400
 POD_GRACE_DEFAULT_S: Final = 30
 """Kubernetes' ``terminationGracePeriodSeconds`` of a pod whose template sets none."""
 TERMINATION_GRACE_MARGIN_S: Final = 5

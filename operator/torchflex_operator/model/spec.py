@@ -27,6 +27,8 @@ DEFAULT_MIN_AVAILABLE_TIMEOUT_S = 600
 DEFAULT_JOIN_TIMEOUT_S = int(env.DEFAULT_JOIN_TIMEOUT_S)
 DEFAULT_LAST_CALL_S = env.DEFAULT_LAST_CALL_S
 DEFAULT_SHM_SIZE_LIMIT = "1Gi"
+MIN_HANG_TIMEOUT_S = env.MIN_HANG_TIMEOUT_S
+MAX_HANG_TIMEOUT_S = env.MAX_HANG_TIMEOUT_S
 
 
 class CleanPodPolicy(enum.StrEnum):
@@ -84,6 +86,9 @@ class JobSpec:
     warm_spares: int = 0
     """``spec.warmSpares``: prewarmed pods kept beyond ``desired`` to scale up fast
     (``planning.steps.spares``)."""
+    hang_timeout_s: int | None = None
+    """``spec.hangTimeoutSeconds``: seconds without progress before the agents declare
+    a hang (0: off); None: the agents derive it from the job's step time."""
 
     @property
     def desired(self) -> int:
@@ -121,6 +126,7 @@ class JobSpec:
             ttl = spec.get("ttlSecondsAfterFinished")
             deadline = spec.get("activeDeadlineSeconds")
             shm_raw = spec.get("sharedMemory") or {}
+            hang = spec.get("hangTimeoutSeconds")
             job = cls(
                 name=str(meta["name"]),
                 namespace=str(meta.get("namespace", "default")),
@@ -150,6 +156,7 @@ class JobSpec:
                 queue_name=(meta.get("labels") or {}).get(KueueLabel.QUEUE_NAME) or None,
                 priority_class=(meta.get("labels") or {}).get(KueueLabel.PRIORITY_CLASS) or None,
                 warm_spares=int(spec.get("warmSpares", 0)),
+                hang_timeout_s=None if hang is None else int(hang),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc
@@ -157,6 +164,12 @@ class JobSpec:
             raise InvalidSpecError("need 1 <= spec.minReplicas <= spec.maxReplicas")
         if job.warm_spares < 0:
             raise InvalidSpecError("spec.warmSpares must be >= 0")
+        hang = job.hang_timeout_s
+        if hang is not None and not (hang == 0 or MIN_HANG_TIMEOUT_S <= hang <= MAX_HANG_TIMEOUT_S):
+            raise InvalidSpecError(
+                "spec.hangTimeoutSeconds must be 0 (off) or between "
+                f"{MIN_HANG_TIMEOUT_S} and {MAX_HANG_TIMEOUT_S} seconds"
+            )
         if job.rendezvous.backend is RendezvousBackend.ETCD and not (
             job.rendezvous.endpoint or job.rendezvous.managed_etcd
         ):

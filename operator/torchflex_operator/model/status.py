@@ -216,6 +216,19 @@ class WorkerException(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class RankStack(Record):
+    """One rank's state when the job was declared hung (``lastFailure.stacks``)."""
+
+    rank: int | None = None
+    pod: str = ""
+    steps: int | None = None
+    idle_seconds: float | None = None
+    waiting: bool = False
+    """Its main thread was inside torch's collectives or autograd (waiting on a peer)."""
+    stack: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class LastFailure(Record):
     """The latest worker pod that ended unsuccessfully (``status.lastFailure``)."""
 
@@ -227,6 +240,12 @@ class LastFailure(Record):
     message: str = ""
     time: dt.datetime | None = None
     root_cause: WorkerException | None = None
+    rank: int | None = None
+    """Hang: the global rank that stopped taking part."""
+    round: int | None = None
+    """Hang: the rendezvous round that hung."""
+    stacks: tuple[RankStack, ...] | None = None
+    """Hang: every rank's state and main-thread stack, the one that stopped first."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,6 +324,8 @@ class JobStatus(Record):
     failures: int | None = None
     replacements: int | None = None
     last_failure: LastFailure | None = None
+    last_hang_round: int | None = None
+    """The round of the latest hang recorded in ``last_failure`` (each is recorded once)."""
     start_time: dt.datetime | None = None
     completion_time: dt.datetime | None = None
     below_min_since: dt.datetime | None = None

@@ -116,6 +116,9 @@ class Reason(enum.StrEnum):
     """Deleted (by the operator, a user or a controller) without platform evidence."""
     MEMBER_LOST = "MemberLost"
     """Fenced: the group declared the pod's member lost and its agent went silent."""
+    HANG = "Hang"
+    """No training progress anywhere for the hang timeout: the agents recorded every
+    rank's stack and restarted the workers (the pod and rank name the one that stopped)."""
 
 
 class EventReason(enum.StrEnum):
@@ -146,6 +149,9 @@ class EventReason(enum.StrEnum):
     WORKER_HUNG = "WorkerHung"
     """A worker would not exit (teardown or completion hang): its agent ended it and
     reported its stack (``status.hungWorkers``; Warning)."""
+    HANG_DETECTED = "HangDetected"
+    """The job made no progress for the hang timeout: the rank that stopped is named and
+    every rank's stack is in ``status.lastFailure`` (Warning)."""
     STORE_UNREACHABLE = "StoreUnreachable"
     STORE_REACHABLE = "StoreReachable"
     REPLACING_STORE = "ReplacingStore"

@@ -53,6 +53,7 @@ OPENING: tuple[Step, ...] = (
     lifecycle.resume,
     failed.account,
     failed.hung,
+    failed.stall,
     failed.force_delete_stuck,
     outcome.judge,
 )

@@ -106,6 +106,8 @@ def contract_env(job: JobSpec, index: int, container: Manifest) -> list[Manifest
         # Leave the agent a margin before the kubelet's SIGKILL.
         lit(env.TERMINATION_GRACE, max(1, grace - env.TERMINATION_GRACE_MARGIN_S)),
     ]
+    if job.hang_timeout_s is not None:  # unset: the agent derives it (and the spec hash stays)
+        out.append(lit(env.HANG_TIMEOUT, job.hang_timeout_s))
     if rdzv.tls_secret_name:
         out.append(lit(env.RDZV_TLS_DIR, env.RDZV_TLS_MOUNT))
     if _has_gpu_limit(container):

@@ -17,7 +17,9 @@ from torchflex_contract.progress import (
     AgentReport,
     AgentState,
     Progress,
+    RankStall,
     RootCause,
+    StallReport,
     StatusQuery,
     long_poll_path,
     parse_status_target,
@@ -83,6 +85,39 @@ def test_termination_text_trims_frames_then_cause_then_message() -> None:
     tiny = AgentReport.from_json(termination_text(report, limit=600))
     assert tiny.root_cause is not None and tiny.root_cause.frames == ()
     assert tiny.root_cause.type == "E" and len(tiny.message) < 1500
+
+
+STALL = StallReport(
+    round=4,
+    rank=1,
+    pod="p1",
+    timeout=20.0,
+    ranks=tuple(
+        RankStall(rank=r, pod=f"p{r}", steps=39, idle=12.5, waiting=r != 1, stack="s" * 1000)
+        for r in (1, 0, 2, 3)
+    ),
+)
+
+
+def test_a_stall_round_trips_and_is_bounded_on_parse() -> None:
+    report = AgentReport(state=AgentState.RUNNING, round=5, stall=STALL)
+    assert AgentReport.from_json(report.to_json()) == report
+    raw = json.loads(report.to_json())
+    raw["stall"]["ranks"] = [dict(raw["stall"]["ranks"][0], stack="x" * 5000)] * 20
+    parsed = AgentReport.from_json(json.dumps(raw)).stall
+    assert parsed is not None and len(parsed.ranks) == 8
+    assert all(len(r.stack) == 1024 for r in parsed.ranks)
+
+
+def test_termination_text_drops_a_stalls_stacks_first_then_the_stall() -> None:
+    report = AgentReport(AgentState.SUCCEEDED, message="m" * 100, root_cause=CAUSE, stall=STALL)
+    trimmed = AgentReport.from_json(termination_text(report))
+    assert trimmed.stall is not None and trimmed.stall.rank == 1
+    assert [r.rank for r in trimmed.stall.ranks] == [1, 0, 2, 3]
+    assert all(r.stack == "" for r in trimmed.stall.ranks)
+    assert trimmed.root_cause == CAUSE  # untouched: the stacks gave way first
+    tiny = AgentReport.from_json(termination_text(report, limit=500))
+    assert tiny.stall is None and tiny.root_cause is not None
 
 
 @pytest.mark.parametrize(

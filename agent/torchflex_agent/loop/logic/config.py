@@ -104,8 +104,7 @@ def check_nproc(text: str) -> str:
     raise ConfigError(f"--nproc-per-node: expected auto|gpu|cpu|N (1..{MAX_NPROC}), got {text!r}")
 
 
-MIN_HANG_TIMEOUT_S = 10.0
-"""Below this a slow step would read as a hang (the CRD refuses it too)."""
+MIN_HANG_TIMEOUT_S = float(tfenv.MIN_HANG_TIMEOUT_S)
 MAX_SECONDS = 86_400.0
 """Upper bound of every duration flag that takes no ``inf``: a day. Larger
 values are typos, and some would overflow a thread wait (``OverflowError``)."""
@@ -389,7 +388,7 @@ def parse_hang_timeout(text: str) -> float | None:
     """``auto`` (None: derived), 0 (off) or 10 s to a day."""
     if text.strip().lower() == "auto":
         return None
-    value = _number("--hang-timeout", float, 0.0, MAX_SECONDS)(text)
+    value = _number("--hang-timeout", float, 0.0, float(tfenv.MAX_HANG_TIMEOUT_S))(text)
     if 0 < value < MIN_HANG_TIMEOUT_S:
         raise ConfigError(
             f"--hang-timeout: must be 0 (off), 'auto' or at least {_plain(MIN_HANG_TIMEOUT_S)} "

@@ -5,7 +5,8 @@ Where it sits: pure steps ``(Ctx, Draft) -> Draft`` of the planner's pipeline.
 ``account`` records each failed member in the ledger (``planning.ledger``) and hands
 them on in ``Draft.failed`` (and a hopeless failure in ``Draft.fatal``); ``replace``,
 later in the pass, deletes them. ``hung`` lists members whose agents ended a worker
-that would not exit (``rules.hung``: ``status.hungWorkers``, ``WorkerHung``).
+that would not exit (``rules.hung``: ``status.hungWorkers``, ``WorkerHung``); ``stall``
+records a hang the agents declared (``rules.stalls``: ``lastFailure``, ``HangDetected``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torchflex_operator.model.vocabulary import EventReason, EventType, Reason
 from torchflex_operator.planning import ledger
 from torchflex_operator.planning.context import Ctx, Draft
 from torchflex_operator.planning.rules import hung as hung_rules
+from torchflex_operator.planning.rules import stalls
 from torchflex_operator.planning.rules.failures import classify, final_report, root_cause
 
 
@@ -30,6 +32,16 @@ def hung(ctx: Ctx, d: Draft) -> Draft:
     for entry in fresh:
         d = d.event(EventType.WARNING, EventReason.WORKER_HUNG, hung_rules.event_message(entry))
     return d
+
+
+def stall(ctx: Ctx, d: Draft) -> Draft:
+    """Record a hang the agents declared (``rules.stalls``) once: lastFailure, one Event."""
+    found = stalls.fresh(ctx.obs.reports, d.status.last_hang_round)
+    if found is None:
+        return d
+    failure = stalls.last_failure(found, ctx.stamp)
+    d = d.with_status(last_failure=failure, last_hang_round=found.round)
+    return d.event(EventType.WARNING, EventReason.HANG_DETECTED, stalls.message(found))
 
 
 def account(ctx: Ctx, d: Draft) -> Draft:

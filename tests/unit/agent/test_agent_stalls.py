@@ -1,0 +1,183 @@
+"""Hang detection's pure parts and the pulse record (issue 28), in tables.
+
+The rule (``loop.logic.stall``): when a job counts as hung on a member's own
+clock, the timeout in force, which rank stopped it; the pulse
+(``torchflex_agent.pulse``): a worker's record written and read back; the
+``--hang-timeout`` flag's range.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from torchflex_agent import pulse
+from torchflex_agent.errors import ConfigError
+from torchflex_agent.loop.logic import stall
+from torchflex_agent.loop.logic.config import parse_args
+from torchflex_contract.progress import MAX_STALL_RANKS, RankStall
+
+BASE = ["--rdzv-id", "j", "--rdzv-endpoint", "h:1", "--", "python", "train.py"]
+
+
+@pytest.mark.parametrize(
+    ("explicit", "step_s", "expected"),
+    [
+        (None, None, stall.DERIVED_MAX_S),  # no steps seen yet
+        (None, 0.5, stall.MIN_DERIVED_S),  # 10 x 0.5 s is below the floor
+        (None, 12.0, 120.0),
+        (None, 3600.0, stall.DERIVED_MAX_S),  # the ceiling
+        (30.0, 0.5, 30.0),  # explicit wins over derived
+        (0.0, 0.5, None),  # off
+    ],
+)
+def test_timeout_in_force(
+    explicit: float | None, step_s: float | None, expected: float | None
+) -> None:
+    assert stall.timeout(explicit, step_s) == expected
+
+
+def test_step_seconds_needs_a_few_steps_after_the_first() -> None:
+    assert stall.step_seconds(None, (10.0, 5)) is None
+    assert stall.step_seconds((0.0, 1), (2.0, 3)) is None  # two steps: not trusted yet
+    assert stall.step_seconds((0.0, 1), (6.0, 4)) == 2.0
+
+
+def test_a_job_whose_counter_stops_is_hung_after_the_timeout_on_our_clock() -> None:
+    clock = stall.StallClock.start(100.0)
+    clock = clock.observe(101.0, 1, 20.0)  # progress
+    clock = clock.observe(105.0, 3, 20.0)  # more progress
+    for t in (110.0, 115.0, 120.0):
+        clock = clock.observe(t, 3, 20.0)
+    assert not clock.stalled(124.9, 20.0)
+    clock = clock.observe(125.0, 3, 20.0)
+    assert clock.stalled(125.0, 20.0) and clock.idle(125.0) == 20.0
+    assert not clock.stalled(125.0, None)  # detection off
+
+
+def test_before_any_progress_the_bound_is_the_startup_one() -> None:
+    clock = stall.StallClock.start(0.0)
+    for t in range(5, 1800, 5):
+        clock = clock.observe(float(t), None, 20.0)
+    assert not clock.stalled(1795.0, 20.0)
+    clock = clock.observe(1800.0, None, 20.0)
+    assert clock.stalled(1800.0, 20.0)
+
+
+def test_a_gap_in_our_own_watching_restarts_the_wait() -> None:
+    """A frozen or starved agent wakes with a clock far ahead: that is not a hang."""
+    clock = stall.StallClock.start(0.0).observe(1.0, 4, 20.0)
+    clock = clock.observe(500.0, 4, 20.0)  # 499 s since our last look
+    assert not clock.stalled(500.0, 20.0)
+    assert clock.stalled(520.0, 20.0)
+
+
+def test_progress_seen_first_as_a_nonzero_counter_counts_as_moved() -> None:
+    clock = stall.StallClock.start(0.0).observe(1.0, 7, 20.0)
+    assert clock.moved and clock.changed_at == 1.0
+
+
+def rs(rank: int, steps: int, idle: float, waiting: bool) -> RankStall:
+    return RankStall(rank=rank, pod=f"p{rank}", steps=steps, idle=idle, waiting=waiting)
+
+
+@pytest.mark.parametrize(
+    ("entries", "culprit"),
+    [
+        ([], None),
+        ([rs(0, 40, 12, True), rs(1, 39, 14, False), rs(2, 40, 12, True)], 1),
+        # Everyone waits (a wedged collective): the fewest steps, then the longest idle.
+        ([rs(0, 40, 12, True), rs(1, 40, 15, True), rs(2, 41, 30, True)], 1),
+        # Two not waiting: the one with fewer steps.
+        ([rs(0, 9, 20, False), rs(1, 10, 25, False), rs(2, 10, 20, True)], 0),
+    ],
+)
+def test_culprit(entries: list[RankStall], culprit: int | None) -> None:
+    got = stall.culprit(entries)
+    assert (got.rank if got is not None else None) == culprit
+
+
+def test_ordered_puts_the_culprit_first_and_is_bounded() -> None:
+    entries = [rs(i, 10, 1, True) for i in range(12)]
+    first = entries[5]
+    got = stall.ordered(entries, first)
+    assert got[0] is first and [e.rank for e in got[1:4]] == [0, 1, 2]
+    assert len(got) == MAX_STALL_RANKS
+
+
+DUMP = """Thread 0x00007f01 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f00 (most recent call first):
+  File "/venv/torch/autograd/graph.py", line 824 in _engine_run_backward
+  File "/venv/torch/_tensor.py", line 625 in backward
+  File "train.py", line 40 in main
+  File "train.py", line 50 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+"""
+
+
+def test_main_thread_and_waiting() -> None:
+    main = stall.main_thread(DUMP)
+    assert main.startswith("Current thread") and "threading.py" not in main
+    assert stall.waiting_on_peers(main)
+    stuck = (
+        "Thread 0x1 (most recent call first):\n"
+        '  File "train.py", line 9 in stuck\n'
+        '  File "train.py", line 20 in <module>\n'
+    )
+    assert not stall.waiting_on_peers(stall.main_thread(stuck))
+    assert stall.main_thread("no thread blocks") == "no thread blocks"
+
+
+def test_pulse_record_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "pulse.bin"
+    assert pulse.read_pulse(path) is None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    now = [100.0]
+    writer = pulse.PulseWriter(fd, clock=lambda: now[0])
+    try:
+        writer.step()
+        now[0] = 101.0
+        inner, outer = object(), object()
+        writer.forward_begins(outer)
+        writer.forward_begins(inner)  # nested: only the outermost is timed
+        now[0] = 101.5
+        writer.forward_ends(inner)
+        writer.forward_ends(outer)
+        writer.pause(60.0)
+        got = pulse.read_pulse(path)
+        assert got is not None
+        assert (got.steps, got.last_step, got.forwards) == (1, 100.0, 1)
+        assert got.forward_s == 0.5 and got.last_activity == 101.5
+        assert got.paused_until == 161.5
+        writer.resume()
+        again = pulse.read_pulse(path)
+        assert again is not None and again.paused_until == 0.0
+    finally:
+        os.close(fd)
+
+
+def test_paused_without_an_agent_does_nothing_and_checks_its_bound() -> None:
+    with pulse.paused("evaluation"):
+        pass
+    with pytest.raises(ValueError, match="max_seconds"), pulse.paused("x", max_seconds=0):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("auto", None), ("AUTO", None), ("0", 0.0), ("10", 10.0), ("86400", 86400.0)],
+)
+def test_hang_timeout_flag(value: str, expected: float | None) -> None:
+    assert parse_args(["--hang-timeout", value, *BASE], env={}).hang_timeout == expected
+    assert parse_args(BASE, env={"TORCHFLEX_HANG_TIMEOUT": value}).hang_timeout == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "5", "9.9", "86401", "soon", "nan"])
+def test_bad_hang_timeout_names_the_flag(value: str) -> None:
+    with pytest.raises(ConfigError, match="--hang-timeout"):
+        parse_args(["--hang-timeout", value, *BASE], env={})
