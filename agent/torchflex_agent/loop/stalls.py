@@ -4,9 +4,10 @@ Where it sits: ``loop.supervise.RoundSupervisor`` makes one ``StallWatch`` per
 round and calls ``check`` on each wake-up while the workers run; it returns
 the timeout in force once the job is hung (``loop.logic.stall``). Then every
 member calls ``record`` (its ranks' pulses and stacks into the store), and
-the member holding node rank 0 calls ``assemble`` (every member's entries,
-the culprit first) for its report. The workers' side is ``pulse``: hooks the
-fork server's bootstrap installs, so unchanged scripts are watched.
+the member holding node rank 0 calls ``assemble_later`` (every member's
+entries, the culprit first, on a thread of its own) for its report. The
+workers' side is ``pulse``: hooks the fork server's bootstrap installs, so
+unchanged scripts are watched.
 
 Store cost: a member adds to the round's activity counter at most once per
 check while its workers progress (or hold a declared pause), else reads it
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 
+from torchflex_agent.errors import StoreUnavailableError
 from torchflex_agent.loop.logic import stall
 from torchflex_agent.pulse import Pulse
 from torchflex_agent.rendezvous.logic import RendezvousResult
@@ -99,7 +102,7 @@ def record(
     """This member's ranks now: pulses and stacks (logged whole), written to the store."""
     now = clock()
     pulses = group.pulses()
-    stacks = dict(group.stacks())
+    stacks = dict(group.stacks(native=False))
     pod = result.nodes[result.node_rank].pod if 0 <= result.node_rank < result.num_nodes else ""
     entries = []
     for local_rank, pulse in enumerate(pulses):
@@ -122,6 +125,26 @@ def record(
         )
     rdzv.put_stall(result.round, result.node_rank, entries)
     return entries
+
+
+def assemble_later(
+    rdzv: Rendezvous, result: RendezvousResult, limit: float, done: Callable[[StallReport], None]
+) -> threading.Thread:
+    """``assemble`` on a daemon thread with a store connection of its own, then ``done``:
+    node rank 0 re-joins at once instead of waiting for the others' entries."""
+
+    def run() -> None:
+        own = rdzv.clone()
+        try:
+            done(assemble(own, result, limit))
+        except StoreUnavailableError as exc:
+            log.warning("round %d: hang report not assembled: %s", result.round, exc)
+        finally:
+            own.close()
+
+    thread = threading.Thread(target=run, daemon=True, name="stall-report")
+    thread.start()
+    return thread
 
 
 def assemble(rdzv: Rendezvous, result: RendezvousResult, limit: float) -> StallReport:

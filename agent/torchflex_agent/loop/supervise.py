@@ -43,7 +43,7 @@ from torchflex_agent.workers.group import WorkerGroup, first_failure
 from torchflex_agent.workers.hangs import in_teardown
 from torchflex_agent.workers.logic import GroupState
 from torchflex_contract.exit_codes import ExitCode
-from torchflex_contract.progress import AgentState, HangKind, RestartReason
+from torchflex_contract.progress import AgentState, HangKind, RestartReason, StallReport
 
 log = logging.getLogger(__name__)
 
@@ -207,11 +207,14 @@ class RoundSupervisor:
         rank 0 assemble the report, restart the workers; the declaring member counts it."""
         stalls.record(rdzv, result, group, time.monotonic)
         limit = self._hang_claimed or watch.limit or 0.0
-        if result.node_rank == 0:
-            report = stalls.assemble(rdzv, result, limit)
-            log.warning("round %d: %s", result.round, report.summary())
-            self.update(stall=report, message=report.summary())
         group.stop(self.config.stop_grace)
+        if result.node_rank == 0:
+
+            def report(stall: StallReport) -> None:
+                log.warning("round %d: %s", result.round, stall.summary())
+                self.update(stall=stall, message=stall.summary())
+
+            stalls.assemble_later(rdzv, result, limit, report)
         if self._hang_claimed is not None:
             restarts = rdzv.count_failure(result.round)
             if restarts is not None:

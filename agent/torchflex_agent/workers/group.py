@@ -503,14 +503,14 @@ class WorkerGroup:
             self.hang = HangReport(HangKind.TEARDOWN, rank, late, self._result.round, stack)
         return code
 
-    def stacks(self) -> list[tuple[int, str]]:
+    def stacks(self, *, native: bool = True) -> list[tuple[int, str]]:
         """(local rank, captured stacks) of every worker still running (``hangs.capture``)."""
         out = []
         for local_rank, proc in enumerate(self._procs):
             if local_rank in self._ended or proc.poll() is not None:
                 continue
             path = self._files[local_rank][1] if local_rank < len(self._files) else None
-            out.append((local_rank, hangs.capture(proc.pid, path)))
+            out.append((local_rank, hangs.capture(proc.pid, path, native=native)))
         return out
 
     def pulses(self) -> list[Pulse | None]:

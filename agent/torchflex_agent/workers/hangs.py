@@ -56,15 +56,20 @@ def in_teardown(stack: str) -> bool:
     return any(frame in stack for frame in _TEARDOWN_FRAMES)
 
 
-def capture(pid: int, stack_file: Path | None) -> str:
-    """Every thread's stack of worker ``pid`` (bounded); empty if nothing could read it."""
+def capture(pid: int, stack_file: Path | None, *, native: bool = True) -> str:
+    """Every thread's stack of worker ``pid`` (bounded); empty if nothing could read it.
+
+    ``native=False`` skips py-spy (a second or more per worker under load): for a
+    declared hang, where every member captures before its workers restart, the
+    Python frames name where each rank is and the restart should not wait.
+    """
     parts = []
     python = _faulthandler_dump(pid, stack_file)
     if python:
         parts.append(python)
-    native = _py_spy_dump(pid)
-    if native:
-        parts.append(native)
+    spied = _py_spy_dump(pid) if native else ""
+    if spied:
+        parts.append(spied)
     text = "\n".join(parts)
     return text[-MAX_CAPTURE:]
 
