@@ -16,7 +16,8 @@ makes no steps on purpose (an evaluation on one rank, a long checkpoint)::
 
 The agent (``loop.stalls``) reads it with ``read_pulse`` every check to
 decide whether the job still makes progress (a hang: docs/failure-model.md)
-and how long a forward takes on this node against the others (a straggler).
+and how long a forward takes on this node against the others (a straggler,
+``loop.logic.straggler``).
 
 The contract is a 64-byte record in the file named by ``env.PULSE_FILE``
 (one per worker, on the agent's folder), rewritten in place with one
@@ -43,11 +44,9 @@ from typing import Any, Final
 
 from torchflex_contract import env as tfenv
 
-# seq, steps, last step, last activity, forward EWMA (s), paused until, forwards, seq again
+# seq, steps, last step, last activity, forward seconds (total), paused until, forwards, seq
 _RECORD: Final = struct.Struct("<QQddddQQ")
 RECORD_SIZE: Final = _RECORD.size
-_EWMA: Final = 0.2
-"""Weight of the newest forward time in its moving average."""
 _READ_ATTEMPTS: Final = 4
 _DDP: Final = "DistributedDataParallel"
 
@@ -61,14 +60,15 @@ class Pulse:
     """When the latest step ended (0: none yet)."""
     last_activity: float = 0.0
     """When it last made progress: a step, an outermost forward, a report (0: none)."""
-    forward_s: float = 0.0
-    """Moving average of an outermost forward pass, seconds (0: none timed)."""
+    forward_total: float = 0.0
+    """Seconds spent in outermost forward passes so far (with ``forwards``: the agent's
+    mean over any window is the difference of two reads)."""
     paused_until: float = 0.0
     """The script declared a pause (``paused``) that lasts at most until then."""
     forwards: int = 0
 
-    def active(self, now: float) -> bool:
-        """Whether it counts as making progress at ``now`` for its declared pause."""
+    def paused(self, now: float) -> bool:
+        """Whether a declared pause holds at ``now`` (it counts as making progress)."""
         return self.paused_until > now
 
 
@@ -83,7 +83,7 @@ class PulseWriter:
         self.steps = 0
         self.last_step = 0.0
         self.last_activity = 0.0
-        self.forward_s = 0.0
+        self.forward_total = 0.0
         self.paused_until = 0.0
         self.forwards = 0
         self._depth = 0
@@ -96,7 +96,7 @@ class PulseWriter:
             self.steps,
             self.last_step,
             self.last_activity,
-            self.forward_s,
+            self.forward_total,
             self.paused_until,
             self.forwards,
             self._seq,
@@ -131,10 +131,7 @@ class PulseWriter:
             return
         with self._lock:
             now = self._clock()
-            took = now - self._forward_start
-            self.forward_s = took if not self.forwards else (
-                _EWMA * took + (1 - _EWMA) * self.forward_s
-            )  # fmt: skip
+            self.forward_total += now - self._forward_start
             self.forwards += 1
             self.last_activity = now
             self._write()

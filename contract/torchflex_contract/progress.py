@@ -258,6 +258,34 @@ class StallReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class StragglerReport:
+    """A node whose workers' forward passes take much longer than the other nodes'.
+
+    Reported by the agent holding node rank 0 (``loop.logic.straggler``): the node's
+    mean forward time over the latest window and its ratio to the other nodes' median.
+    """
+
+    node_rank: int
+    pod: str = ""
+    forward_s: float = 0.0
+    ratio: float = 0.0
+    round: int = -1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> StragglerReport:
+        return cls(
+            node_rank=int(raw["node_rank"]),
+            pod=_bounded(raw.get("pod", ""), 253),
+            forward_s=_finite(raw.get("forward_s", 0.0)),
+            ratio=_finite(raw.get("ratio", 0.0)),
+            round=int(raw.get("round", -1)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class Progress:
     """Training progress one agent's workers reported (see docs/agent.md).
 
@@ -328,6 +356,8 @@ class AgentReport:
     stall: StallReport | None = None
     """The latest hang the group declared (no progress for the hang timeout), with every
     rank's stack; only the agent holding node rank 0 assembles and reports it."""
+    stragglers: tuple[StragglerReport, ...] = ()
+    """Nodes of the current round much slower than the others (node rank 0 reports)."""
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -337,6 +367,7 @@ class AgentReport:
         data["root_cause"] = self.root_cause.to_dict() if self.root_cause else None
         data["hang"] = self.hang.to_dict() if self.hang else None
         data["stall"] = self.stall.to_dict() if self.stall else None
+        data["stragglers"] = [st.to_dict() for st in self.stragglers]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -366,6 +397,9 @@ class AgentReport:
                 progress=_optional(Progress.from_dict, raw.get("progress")),
                 hang=_optional(HangReport.from_dict, raw.get("hang")),
                 stall=_optional(StallReport.from_dict, raw.get("stall")),
+                stragglers=tuple(
+                    StragglerReport.from_dict(st) for st in (raw.get("stragglers") or [])[:8]
+                ),
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise ValueError(f"malformed agent report: {exc}") from exc

@@ -76,6 +76,9 @@ ACTIVITY: Final = "activity"
 """Counter a member adds to (at most once per publish interval) while its workers make
 training progress or declare a pause; a member sees the job hung when it stops moving
 for the hang timeout on its own clock (``loop.logic.stall``)."""
+SPEED: Final = "speed"
+"""``speed/<node_rank>``: JSON ``{"forward_s", "seq"}``, that member's mean forward time
+over its latest window (``loop.logic.straggler``), read by node rank 0."""
 STALL: Final = "stall"
 """``stall/<node_rank>``: JSON list of that member's ``RankStall`` entries, written once
 the round was marked stale as a hang; node rank 0 assembles the ``StallReport``."""

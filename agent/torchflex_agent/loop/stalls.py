@@ -9,6 +9,9 @@ entries, the culprit first, on a thread of its own) for its report. The
 workers' side is ``pulse``: hooks the fork server's bootstrap installs, so
 unchanged scripts are watched.
 
+Every ``straggler.WINDOW_S`` it also publishes its node's mean forward time, and
+the member holding node rank 0 compares the nodes (``stragglers``).
+
 Store cost: a member adds to the round's activity counter at most once per
 check while its workers progress (or hold a declared pause), else reads it
 once: one operation per ``stall.check_every`` seconds (a tenth of the
@@ -19,17 +22,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Callable
 
 from torchflex_agent.errors import StoreUnavailableError
-from torchflex_agent.loop.logic import stall
+from torchflex_agent.loop.logic import stall, straggler
 from torchflex_agent.pulse import Pulse
 from torchflex_agent.rendezvous.logic import RendezvousResult
 from torchflex_agent.rendezvous.protocol import Rendezvous
 from torchflex_agent.workers.group import WorkerGroup
-from torchflex_contract.progress import RankStall, StallReport
+from torchflex_contract.progress import RankStall, StallReport, StragglerReport
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,15 @@ class StallWatch:
     _published: float = 0.0
     _first: tuple[float, int] | None = None
     _step_s: float | None = None
+    _speed_next: float = 0.0
+    _speed_seq: int = 0
+    _forward: dict[int, tuple[float, int]] = dataclasses.field(default_factory=dict)
+    _seen: dict[int, int] = dataclasses.field(default_factory=dict)
+    _tracker: straggler.StragglerTracker = dataclasses.field(
+        default_factory=straggler.StragglerTracker
+    )
+    stragglers: tuple[StragglerReport, ...] = ()
+    """Node rank 0 only: the nodes slow for ``straggler.WINDOWS`` windows, latest window."""
 
     @property
     def limit(self) -> float | None:
@@ -63,15 +76,19 @@ class StallWatch:
         if self._state is None:
             self._state = stall.StallClock.start(now)
             self._next = now
-        if (self.explicit is not None and self.explicit <= 0) or now < self._next:
+        if now < self._next:
             return None
         self._next = now + stall.check_every(self.limit)
-        pulses = [p for p in group.pulses() if p is not None]
-        if not pulses:
-            return None  # workers nobody can watch (no pulse): never judged
+        every = group.pulses()
+        if now >= self._speed_next:
+            self._speed_next = now + straggler.WINDOW_S
+            self._compare_speeds(every)
+        pulses = [p for p in every if p is not None]
+        if not pulses or (self.explicit is not None and self.explicit <= 0):
+            return None  # workers nobody can watch (no pulse), or detection off
         self._learn_step_time(pulses)
         latest = max((p.last_activity for p in pulses), default=0.0)
-        paused = any(p.paused_until > now for p in pulses)
+        paused = any(p.paused(now) for p in pulses)
         if latest > self._published or paused:
             self._published = max(latest, now if paused else 0.0)
             counter: int | None = self.rdzv.add_activity(self.result.round)
@@ -91,6 +108,44 @@ class StallWatch:
         got = stall.step_seconds(self._first, sample)
         if got is not None:
             self._step_s = got
+
+    def _compare_speeds(self, pulses: list[Pulse | None]) -> None:
+        """Publish this node's mean forward time over the window; node rank 0 compares."""
+        means = []
+        for local_rank, pulse in enumerate(pulses):
+            if pulse is None:
+                continue
+            now = (pulse.forward_total, pulse.forwards)
+            before = self._forward.get(local_rank)
+            self._forward[local_rank] = now
+            got = None if before is None else straggler.window_mean(before, now)
+            if got is not None:
+                means.append(got)
+        if means:
+            self._speed_seq += 1
+            forward = statistics.median(means)
+            self.rdzv.put_speed(self.result.round, self.result.node_rank, forward, self._speed_seq)
+        if self.result.node_rank != 0:
+            return
+        fresh = {}
+        published = self.rdzv.speeds(self.result.round, self.result.num_nodes)
+        for node, (seconds, seq) in published.items():
+            if seq > self._seen.get(node, 0):
+                self._seen[node] = seq
+                fresh[node] = seconds
+        if len(fresh) < 2:
+            return
+        self._tracker, flagged = self._tracker.observe(fresh)
+        self.stragglers = tuple(
+            StragglerReport(
+                node_rank=f.node_rank,
+                pod=self.result.nodes[f.node_rank].pod,
+                forward_s=round(f.forward_s, 4),
+                ratio=f.ratio,
+                round=self.result.round,
+            )
+            for f in flagged
+        )
 
     def idle(self) -> float:
         return 0.0 if self._state is None else self._state.idle(self.clock())

@@ -43,7 +43,13 @@ from torchflex_agent.workers.group import WorkerGroup, first_failure
 from torchflex_agent.workers.hangs import in_teardown
 from torchflex_agent.workers.logic import GroupState
 from torchflex_contract.exit_codes import ExitCode
-from torchflex_contract.progress import AgentState, HangKind, RestartReason, StallReport
+from torchflex_contract.progress import (
+    AgentState,
+    HangKind,
+    RestartReason,
+    StallReport,
+    StragglerReport,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +109,7 @@ class RoundSupervisor:
     exited 0 (``loop.logic.policy.closed_job_exit``)."""
 
     _hang_reported: bool = False
+    _stragglers: tuple[StragglerReport, ...] = ()
     _hang_claimed: float | None = None
     """The timeout in force when this member declared the round hung (it counts it)."""
     _next_probe: float = 0.0
@@ -116,6 +123,9 @@ class RoundSupervisor:
         self._hang_claimed = None
         self._next_probe = self.config.teardown_grace
         watch = stalls.StallWatch(rdzv, result, self.config.hang_timeout)
+        if self._stragglers:  # a new round: its own comparison
+            self._stragglers = ()
+            self.update(stragglers=())
         while True:
             self.wake.wait(self.config.monitor_interval)
             self.wake.clear()
@@ -137,6 +147,9 @@ class RoundSupervisor:
             self.workers_succeeded = state is GroupState.SUCCEEDED
             if state is GroupState.RUNNING and stale is None and not self.terminating.is_set():
                 stale = self._declare_hang(rdzv, result, watch.check(group))
+                if watch.stragglers != self._stragglers:
+                    self._stragglers = watch.stragglers
+                    self._report_stragglers(result)
             if state is GroupState.SUCCEEDED and stale is None:
                 # The stale watcher may lag the workers by a round trip; a
                 # peer's leave makes workers exit 0 too, so ask the store.
@@ -180,6 +193,14 @@ class RoundSupervisor:
                     self.update(root_cause=failure.cause)
                 return self._on_failure(rdzv, result, group, failure.describe())
             assert_never(action)  # mypy: every Action has its branch above
+
+    def _report_stragglers(self, result: RendezvousResult) -> None:
+        for st in self._stragglers:
+            log.warning(
+                "round %d: straggler: node rank %d (pod %s) forward %.4f s, %.1fx the others'",
+                result.round, st.node_rank, st.pod or "?", st.forward_s, st.ratio,
+            )  # fmt: skip
+        self.update(stragglers=self._stragglers)
 
     def _declare_hang(
         self, rdzv: Rendezvous, result: RendezvousResult, limit: float | None

@@ -44,6 +44,7 @@ from torchflex_contract.store_keys import (
     JOB_CLOSED,
     LOST,
     RESTARTS,
+    SPEED,
     STALE,
     STALL,
     WAITING,
@@ -257,4 +258,23 @@ class RoundRecords:
                 out[node_rank] = [RankStall.from_dict(e) for e in json.loads(raw)]
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("round %d: node %d: bad stall entry: %s", round_no, node_rank, exc)
+        return out
+
+    def put_speed(self, round_no: int, node_rank: int, forward_s: float, seq: int) -> None:
+        """This member's mean forward time over its latest window (``seq``: which one)."""
+        raw = json.dumps({"forward_s": forward_s, "seq": seq}).encode()
+        self._store.set(round_key(self.keys, round_no, SPEED, node_rank), raw)
+
+    def speeds(self, round_no: int, num_nodes: int) -> dict[int, tuple[float, int]]:
+        """Every member's latest (mean forward seconds, window seq); unreadable ones skipped."""
+        keys = [round_key(self.keys, round_no, SPEED, i) for i in range(num_nodes)]
+        out: dict[int, tuple[float, int]] = {}
+        for node_rank, raw in enumerate(self._store.get_many(keys)):
+            if raw is None:
+                continue
+            try:
+                data = json.loads(raw)
+                out[node_rank] = (float(data["forward_s"]), int(data["seq"]))
+            except (ValueError, TypeError, KeyError):
+                continue
         return out

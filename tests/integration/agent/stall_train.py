@@ -7,6 +7,7 @@ its process stays alive, and the others block in their next all-reduce.
 ``EVAL_AT=<step>`` with ``EVAL_SECONDS=<s>``: rank 0 runs an "evaluation" of s
 seconds inside ``pulse.paused`` while the others wait in a barrier (must not
 be called a hang); with ``EVAL_UNDECLARED=1`` the same wait is not declared.
+``WIDTH`` and ``STEP_SLEEP`` make each step compute-bound (the straggler test).
 Nothing else in the script knows about torchflex: the agent sees its steps
 through the fork server's hooks.
 """
@@ -50,8 +51,12 @@ def main() -> None:
     eval_at = int(os.environ.get("EVAL_AT", "-1"))
     eval_s = float(os.environ.get("EVAL_SECONDS", "0"))
     steps = int(os.environ.get("STEPS", "60"))
+    width = int(os.environ.get("WIDTH", "16"))
+    pause = float(os.environ.get("STEP_SLEEP", "0.05"))
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Linear(16, 4))
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.ReLU(), torch.nn.Linear(width, 4))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(1, steps + 1):
         if step == stall_at and rank == stall_rank:
@@ -60,12 +65,12 @@ def main() -> None:
             if rank == 0:
                 evaluate(eval_s)
             dist.barrier()
-        loss = model(torch.randn(8, 16)).sum()
+        loss = model(torch.randn(max(8, width), 16)).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
         print(f"[rank {rank}] step {step} world {world} restart {restart}", flush=True)
-        time.sleep(0.05)
+        time.sleep(pause)
     dist.destroy_process_group()
 
 

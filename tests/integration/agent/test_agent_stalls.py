@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from e2e import throttle
+from e2e.kubelet.records import process_tree
 from tests.integration.agent.tfagent_helpers import PYTHON, Job
 from torchflex_contract.progress import RestartReason
 
@@ -112,3 +114,29 @@ def test_the_same_evaluation_undeclared_is_a_hang(tmp_path: Path) -> None:
         assert "no training progress for 10 s" in text, text[-4000:]
         stalls = [r.stall for i in range(3) if (r := job.termination_report(i)).stall]
         assert len(stalls) == 1 and stalls[0].rank == 0, stalls
+
+
+@pytest.mark.timeout(300)
+def test_a_node_under_a_cpu_quota_is_named_a_straggler(tmp_path: Path) -> None:
+    """One agent's whole process tree runs under a CPU quota (a cgroup, as a container's
+    CPU limit): its workers' forwards take several times the others', and the agent
+    holding node rank 0 names that node, with its ratio, in its report."""
+    assert throttle.available() is None, throttle.available()
+    env = {"WIDTH": "384", "STEP_SLEEP": "0", "STEPS": "100000"}
+    with Job(tmp_path, agent_env=env, serve_status=True, pod_names=True) as job:
+        job.start_store()
+        logs = [job.start_agent([PYTHON, SCRIPT], "3:3", FLAGS) for _ in range(3)]
+        for log in logs:
+            log.wait_for(lambda s: re.search(r"step 5 world 3", s) is not None, 120)
+        reports = [job.status(i) for i in range(3)]
+        leader = next(i for i, r in enumerate(reports) if r.node_rank == 0)
+        slow = (leader + 1) % 3
+        slow_rank = reports[slow].node_rank
+        with throttle.throttled(process_tree(logs[slow].proc.pid), cpus=0.1):
+            got = job.status_when(leader, lambda r: bool(r.stragglers), 120)
+        assert [st.node_rank for st in got.stragglers] == [slow_rank], got.stragglers
+        (st,) = got.stragglers
+        assert st.pod == f"pod-{slow}" and st.ratio >= 2.0, st
+        print(f"STRAGGLER: node rank {slow_rank} forward {st.forward_s:.4f} s, {st.ratio}x")
+        text = "\n".join(a.text() for a in job.agents)
+        assert "straggler: node rank" in text

@@ -152,7 +152,7 @@ def test_pulse_record_round_trip(tmp_path: Path) -> None:
         got = pulse.read_pulse(path)
         assert got is not None
         assert (got.steps, got.last_step, got.forwards) == (1, 100.0, 1)
-        assert got.forward_s == 0.5 and got.last_activity == 101.5
+        assert got.forward_total == 0.5 and got.last_activity == 101.5
         assert got.paused_until == 161.5
         writer.resume()
         again = pulse.read_pulse(path)
