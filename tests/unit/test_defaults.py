@@ -67,6 +67,7 @@ READS: dict[str, tuple[Getter, object, dict[str, object]]] = {
     "minAvailableTimeoutSeconds": (lambda j: j.min_available_timeout_s, 5, {}),
     "suspend": (lambda j: j.suspend, True, {}),
     "cleanPodPolicy": (lambda j: j.clean_pod_policy, "All", {}),
+    "stragglerPolicy": (lambda j: j.straggler_policy, "Replace", {}),
     "networkPolicy.enabled": (lambda j: j.network_policy, False, {}),
     "sharedMemory.enabled": (lambda j: j.shared_memory.enabled, False, {}),
     "sharedMemory.sizeLimit": (lambda j: j.shared_memory.size_limit, "8Gi", {}),

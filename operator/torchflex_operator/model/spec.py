@@ -37,6 +37,16 @@ class CleanPodPolicy(enum.StrEnum):
     NONE = "None"
 
 
+class StragglerPolicy(enum.StrEnum):
+    """``spec.stragglerPolicy``: what the operator does about a straggler its agents name."""
+
+    IGNORE = "Ignore"
+    """Name it in status and an Event only."""
+    REPLACE = "Replace"
+    """Also delete its pod (the group re-forms without it) and keep the job's pods off its
+    node from then on (``status.avoidedNodes``), while the job keeps above its minimum."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Rendezvous:
     backend: RendezvousBackend = DEFAULT_BACKEND
@@ -86,6 +96,7 @@ class JobSpec:
     warm_spares: int = 0
     """``spec.warmSpares``: prewarmed pods kept beyond ``desired`` to scale up fast
     (``planning.steps.spares``)."""
+    straggler_policy: StragglerPolicy = StragglerPolicy.IGNORE
     hang_timeout_s: int | None = None
     """``spec.hangTimeoutSeconds``: seconds without progress before the agents declare
     a hang (0: off); None: the agents derive it from the job's step time."""
@@ -157,6 +168,7 @@ class JobSpec:
                 priority_class=(meta.get("labels") or {}).get(KueueLabel.PRIORITY_CLASS) or None,
                 warm_spares=int(spec.get("warmSpares", 0)),
                 hang_timeout_s=None if hang is None else int(hang),
+                straggler_policy=StragglerPolicy(spec.get("stragglerPolicy", "Ignore")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc

@@ -296,6 +296,22 @@ class HungWorker(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class Straggler(Record):
+    """A member whose workers' forwards take much longer than the others' (``stragglers``)."""
+
+    pod: str = ""
+    node: str = ""
+    """The node it runs on (``spec.nodeName``)."""
+    node_rank: int | None = None
+    forward_seconds: float | None = None
+    """Its workers' mean outermost forward pass over the agents' latest window."""
+    ratio: float | None = None
+    """``forward_seconds`` over the other nodes' median."""
+    since: dt.datetime | None = None
+    """When the operator first saw it named."""
+
+
+@dataclasses.dataclass(frozen=True)
 class PendingEvent(Record):
     """An Event decided and written with the status, not posted yet (``events``)."""
 
@@ -324,6 +340,9 @@ class JobStatus(Record):
     failures: int | None = None
     replacements: int | None = None
     last_failure: LastFailure | None = None
+    stragglers: tuple[Straggler, ...] | None = None
+    avoided_nodes: tuple[str, ...] | None = None
+    """Nodes the job's new pods are kept off (``stragglerPolicy: Replace``), oldest first."""
     last_hang_round: int | None = None
     """The round of the latest hang recorded in ``last_failure`` (each is recorded once)."""
     start_time: dt.datetime | None = None

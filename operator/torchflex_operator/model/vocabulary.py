@@ -149,6 +149,11 @@ class EventReason(enum.StrEnum):
     WORKER_HUNG = "WorkerHung"
     """A worker would not exit (teardown or completion hang): its agent ended it and
     reported its stack (``status.hungWorkers``; Warning)."""
+    STRAGGLER_DETECTED = "StragglerDetected"
+    """A member's workers are much slower than the others' (``status.stragglers``; Warning)."""
+    STRAGGLER_REPLACED = "StragglerReplaced"
+    """``stragglerPolicy: Replace`` deleted a straggler's pod and keeps the job off its node
+    (``status.avoidedNodes``; Warning)."""
     HANG_DETECTED = "HangDetected"
     """The job made no progress for the hang timeout: the rank that stopped is named and
     every rank's stack is in ``status.lastFailure`` (Warning)."""

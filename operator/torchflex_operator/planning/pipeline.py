@@ -39,6 +39,7 @@ from torchflex_operator.planning.steps import (
     scaling,
     spares,
     store,
+    stragglers,
     training,
 )
 
@@ -68,6 +69,7 @@ LIVE: tuple[Step, ...] = (
     spares.promote,
     failed.replace_failed,
     fence.fence,
+    stragglers.stragglers,
     children.refusals,
     scaling.availability,
     training.training,

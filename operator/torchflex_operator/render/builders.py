@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 
 from torchflex_contract import env, labels
 from torchflex_contract.labels import Annotation, PodKind
@@ -125,6 +126,25 @@ def contract_env(job: JobSpec, index: int, container: Manifest) -> list[Manifest
     return out
 
 
+def _keep_off(pod_spec: Manifest, nodes: Sequence[str]) -> None:
+    """Require a node not in ``nodes`` (``status.avoidedNodes``): a ``metadata.name NotIn``
+    field selector ANDed into every required term the template has (or the only term).
+    Not covered by the spec hash: a pod already running stays where it is."""
+    if not nodes:
+        return
+    keep_off = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    affinity = dict(pod_spec.get("affinity") or {})
+    node_aff = dict(affinity.get("nodeAffinity") or {})
+    required = dict(node_aff.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = [dict(t) for t in required.get("nodeSelectorTerms") or [{}]]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), keep_off]
+    required["nodeSelectorTerms"] = terms
+    node_aff["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    affinity["nodeAffinity"] = node_aff
+    pod_spec["affinity"] = affinity
+
+
 def _node_loss_tolerations(pod_spec: Manifest, seconds: int) -> None:
     tolerations = list(pod_spec.get("tolerations") or [])
     present = {t.get("key") for t in tolerations}
@@ -199,6 +219,7 @@ def worker_pod(
     *,
     spare: bool = False,
     role: str = labels.WORKER_ROLE,
+    avoid: Sequence[str] = (),
 ) -> Manifest:
     """Worker pod ``index`` of training role ``role`` (the job's one worker group today);
     ``spare``: a warm spare (``planning.steps.spares``), the standby annotation and its file added
@@ -230,6 +251,7 @@ def worker_pod(
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = labels.workers_service_name(job.name)
     _node_loss_tolerations(pod_spec, settings.node_loss_toleration_s)
+    _keep_off(pod_spec, avoid)
     if settings.gang_scheduling is GangScheduling.ENABLED:
         pod_spec["schedulingGroup"] = podgroup.scheduling_group(job)
     pod_labels = {**(meta.get("labels") or {}), **object_labels(job, PodKind.WORKER, index)}

@@ -112,7 +112,14 @@ def scale(ctx: Ctx, d: Draft) -> Draft:
     room = job.max_replicas - len(d.members) - len(d.spares)
     take = min(missing, room, budget.allowed)
     free = [i for i in range(job.max_replicas) if i not in occupied][:take]
-    d = d.create(*(builders.worker_pod(job, index, ctx.settings, role=ctx.role) for index in free))
+    d = d.create(
+        *(
+            builders.worker_pod(
+                job, index, ctx.settings, role=ctx.role, avoid=d.status.avoided_nodes or ()
+            )
+            for index in free
+        )
+    )
     if free:
         names = ", ".join(labels.worker_pod_name(job.name, i, ctx.role) for i in free)
         d = d.event(EventType.NORMAL, EventReason.CREATED_POD, f"created {names}")

@@ -89,7 +89,12 @@ def keep(ctx: Ctx, d: Draft) -> Draft:
     occupied = {w.index for w in (*d.members, *d.spares)}
     free = [i for i in range(job.desired, top) if i not in occupied]
     take = free[: max(0, min(missing, budget.allowed - created))]
-    built = (builders.worker_pod(job, i, ctx.settings, spare=True, role=ctx.role) for i in take)
+    built = (
+        builders.worker_pod(
+            job, i, ctx.settings, spare=True, role=ctx.role, avoid=d.status.avoided_nodes or ()
+        )
+        for i in take
+    )
     d = d.create(*built)
     if take:
         names = ", ".join(labels.worker_pod_name(job.name, i, ctx.role) for i in take)
