@@ -186,7 +186,9 @@ def tear_down(root: Path | None = None, remove_state: bool = True) -> None:
 
     real_node_down(lay.root)
     if lay.pids.exists():
-        # The kubelet first: it stops the pods' processes it started.
+        # The enforcer first: stopping it also removes its rules from the host's filter table.
+        enforcer.stop(lay)
+        # Then the kubelet: it stops the pods' processes it started.
         processes.stop_all(lay.pids, ["kubelet", *reversed(DAEMONS[:-1])])
     for ns in network.list_pod_netns():
         network.delete_netns(ns)
