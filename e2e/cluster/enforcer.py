@@ -56,6 +56,7 @@ from e2e.toolchain.versions import KUBE_ROUTER_VERSION
 NAME = "kube-router"
 LOCK = Path("/run/lock/torchflex-kube-router.lock")
 START_TIMEOUT_S = 60.0
+EXEC_GRACE_S = 3.0
 # Another slot's tenancy test holds it for about three minutes.
 LOCK_WAIT_S = 420.0
 ENV_START_WITH_CLUSTER = "TORCHFLEX_ENFORCE_NETWORK_POLICY"
@@ -181,10 +182,13 @@ def start(lay: Layout, bin_dir: Path, node: str, lock_wait_s: float = LOCK_WAIT_
 
 def _wait_synced(lay: Layout, offset: int) -> None:
     """Up when it has written its rules once: its top-level chains and a finished sync."""
-    deadline = time.monotonic() + START_TIMEOUT_S
+    spawned = time.monotonic()
+    deadline = spawned + START_TIMEOUT_S
     log = lay.logs / f"{NAME}.log"
     while time.monotonic() < deadline:
-        if not running(lay):
+        # The first moments are exec's: the kernel reports the new command line only
+        # once it has loaded the binary (59 MB), after Popen has already returned.
+        if not running(lay) and time.monotonic() - spawned > EXEC_GRACE_S:
             raise EnforcerError(f"kube-router exited\n{processes.exit_status_hint(lay.logs, NAME)}")
         with log.open("rb") as fh:
             fh.seek(offset)
