@@ -154,10 +154,15 @@ def _refused_while_the_job_trains_on(
     assert peer["store"] == "read", peer
     assert peer["agent_status"] == 200, peer
     assert peer["exitCode"] == 0, peer
+    # Still running after both: the store was there all along, so "unreachable" was the policy.
+    assert get_job(cluster, namespace, "shut")["status"]["phase"] == "Running"
 
-    # The operator (on the node) still reads the agents, and the job trains to the end.
+    # The operator (on the node) still reads the agents, and the job trains to the end
+    # in its first round: nothing failed, restarted or was replaced.
     wait_phase(cluster, namespace, "shut", "Succeeded", 300)
-    assert get_job(cluster, namespace, "shut")["status"]["worldSize"] == 2
+    status = get_job(cluster, namespace, "shut")["status"]
+    assert status["worldSize"] == 2
+    assert [status.get(k, 0) for k in ("failures", "restarts", "replacements")] == [0, 0, 0], status
 
 
 def _open_and_disturbed(
