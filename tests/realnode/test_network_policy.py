@@ -94,7 +94,9 @@ def _client(cluster: Cluster, namespace: str, name: str, ip: str, **kw: Any) -> 
 
     wait_for(lambda: phase() in ("Succeeded", "Failed"), 120, f"client {namespace}/{name}")
     log = cluster.kubectl("logs", name, "-n", namespace, check=False).stdout
-    return (0 if phase() == "Succeeded" else 1), log
+    code = 0 if phase() == "Succeeded" else 1
+    print(f"{namespace}/{name} -> {ip}:{PORT}: exit {code}: {log.strip()}")
+    return code, log
 
 
 def _policy(namespace: str) -> dict[str, Any]:
