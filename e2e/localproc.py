@@ -2,7 +2,7 @@
 
 Where it sits: one copy, below everything that starts a local server or
 helper process: the control plane (``cluster.controlplane``,
-``cluster.enforcer``), the agent and operator integration tests, and the
+``cluster.kueue``), the agent and operator integration tests, and the
 benchmarks. It imports only the standard library, so a test of the agent
 can use it without loading the cluster package. The agent keeps its own
 ``free_port`` (product code never imports the harness).

@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from e2e.cluster import enforcer, network, pki, processes
+from e2e.cluster import enforcer, firewall, network, pki, processes
 from e2e.cluster.controlplane import (
     ClusterStartError,
     Ports,
@@ -185,8 +185,15 @@ def tear_down(root: Path | None = None, remove_state: bool = True) -> None:
     from e2e.realnode.node import real_node_down
 
     real_node_down(lay.root)
+    unremoved: firewall.FirewallError | None = None
     if lay.pids.exists():
-        # The kubelet first: it stops the pods' processes it started.
+        # The enforcer first: stopping it also removes its rules from the host's filter
+        # table. Should that fail, the rest still goes down and the error is raised last.
+        try:
+            enforcer.stop(lay)
+        except firewall.FirewallError as exc:
+            unremoved = exc
+        # Then the kubelet: it stops the pods' processes it started.
         processes.stop_all(lay.pids, ["kubelet", *reversed(DAEMONS[:-1])])
     for ns in network.list_pod_netns():
         network.delete_netns(ns)
@@ -196,6 +203,8 @@ def tear_down(root: Path | None = None, remove_state: bool = True) -> None:
     elif lay.etcd_data.exists():
         shutil.rmtree(lay.etcd_data, ignore_errors=True)
         shutil.rmtree(lay.pods, ignore_errors=True)
+    if unremoved is not None:
+        raise unremoved
 
 
 def shell_exports(cluster: Cluster) -> str:

@@ -66,19 +66,23 @@ build_etcd() {
   mv "$bin_dir/etcd.tmp" "$bin_dir/etcd"
 }
 
-# The NetworkPolicy enforcer: its module path is pinned in knp/go.mod (with the
-# go.sum of its own release, as the checksum database lacks one of its
-# pseudo-versions); the version is in the file name, so a bump builds anew
-# without changing the directory every other binary lives in.
-build_knp() {
-  local out="$bin_dir/kube-network-policies-${KUBE_NETWORK_POLICIES_VERSION}"
+# The NetworkPolicy enforcer of the tenancy e2e test: kube-router, whose firewall
+# the harness runs alone (e2e/cluster/enforcer.py). Its go.mod has no replace
+# directives, so `go install pkg@version` builds the release as published; the
+# version is in the file name, so a bump builds anew without changing the
+# directory every other binary lives in. The version stamp is what its own
+# Makefile sets (kube-router logs it at start).
+build_kube_router() {
+  local out="$bin_dir/kube-router-${KUBE_ROUTER_VERSION}"
   [[ -x "$out" ]] && return 0
-  grep -q "sigs.k8s.io/kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}\$" "$here/knp/go.mod" \
-    || { log "knp/go.mod does not pin kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}"; return 1; }
-  log "building kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}"
-  (cd "$here/knp" && go build -ldflags "-s -w" -o "$out.tmp" \
-    sigs.k8s.io/kube-network-policies/cmd/kube-network-policies/standard)
-  mv "$out.tmp" "$out"
+  log "building kube-router ${KUBE_ROUTER_VERSION}"
+  local tmp
+  tmp="$(mktemp -d "$bin_dir/.kube-router-build.XXXXXX")"
+  GOBIN="$tmp" go install \
+    -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=${KUBE_ROUTER_VERSION}" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@${KUBE_ROUTER_VERSION}"
+  mv "$tmp/kube-router" "$out"
+  rmdir "$tmp"
 }
 
 # Kueue: cmd/kueue from the wrapper module in kueue/ (its go.sum pins the release's
@@ -164,7 +168,7 @@ build_k8s kube-scheduler
 go_install kwok "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}"
 go_install kwokctl "sigs.k8s.io/kwok/cmd/kwokctl@${KWOK_VERSION}" "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}"
 build_helm
-build_knp
+build_kube_router
 build_autoscaler
 build_kueue
 if (( real_nodes )); then
