@@ -13,13 +13,16 @@ back to the root group before the group is removed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000
+REMOVE_TIMEOUT_S = 10.0
 
 
 class ThrottleUnavailableError(RuntimeError):
@@ -51,7 +54,21 @@ def throttled(pids: Sequence[int], cpus: float) -> Iterator[Path]:
                 (group / "cgroup.procs").write_text(str(pid))
         yield group
     finally:
+        _remove(group)
+
+
+def _remove(group: Path) -> None:
+    """Move what is left back to the root group, then remove ours; a process that was
+    forking or exiting meanwhile is retried (bounded: 10 s)."""
+    deadline = time.monotonic() + REMOVE_TIMEOUT_S
+    while True:
         for line in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(ProcessLookupError, OSError):
                 (CPU_ROOT / "cgroup.procs").write_text(line)
-        group.rmdir()
+        try:
+            group.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)

@@ -11,6 +11,8 @@ hooks. Faults, from the environment:
   alive; the others block in their next all-reduce.
 - ``EVAL_AT`` / ``EVAL_SECONDS``: at that step rank 0 "evaluates" for that long
   inside ``torchflex_agent.pulse.paused`` while the others wait in a barrier.
+- ``WIDTH``: a wider model and batch, so that a step is compute-bound and a
+  node under a CPU quota (``e2e.throttle``) is slow (the straggler scenario).
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def main() -> int:
     stall_at = int(os.environ.get("STALL_AT", "-1")) if first_run else -1
     eval_at = int(os.environ.get("EVAL_AT", "-1"))
     eval_s = float(os.environ.get("EVAL_SECONDS", "0"))
+    width = int(os.environ.get("WIDTH", "8"))  # wider: each step compute-bound
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 1))
+    model = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ckpt = Checkpointer(args.ckpt_dir)
     done = 0
@@ -78,7 +81,8 @@ def main() -> int:
                 evaluate(eval_s)
             dist.barrier()
         started = time.monotonic()
-        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(done * 1000 + rank))
+        gen = torch.Generator().manual_seed(done * 1000 + rank)
+        x = torch.randn(max(32, width), 16, generator=gen)
         loss = nn.functional.mse_loss(ddp(x), x.sum(dim=1, keepdim=True))
         opt.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]

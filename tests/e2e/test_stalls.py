@@ -12,6 +12,12 @@ The real operator, real agents and real torch workers run ``stall_train.py``
    backwards.
 2. Rank 0 evaluates for twice the timeout inside ``pulse.paused`` while the
    others wait in a barrier: no hang, no restart, the job succeeds.
+3. One pod's process tree runs under a CPU quota of a tenth of a CPU (a cgroup,
+   as a container's CPU limit): it is named a straggler in ``status.stragglers``
+   with a ``StragglerDetected`` Event, and with ``stragglerPolicy: Replace`` its
+   pod is deleted, its node avoided (``status.avoidedNodes``; the replacement
+   stays Pending, this cluster has one node), and the job trains on without it
+   at world size 2 to ``Succeeded``.
 """
 
 from __future__ import annotations
@@ -20,9 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from e2e import throttle
 from e2e.cluster import Cluster
+from e2e.kubelet import records
 from e2e.trainlog import CheckpointWatcher, LogFollower
-from e2e.workload import TrainingJob, apply, get_job
+from e2e.workload import PROCESS_NODE, TrainingJob, apply, get_job
 from tests.e2e.checks import (
     assert_checkpoints_never_backwards,
     checkpoint_step,
@@ -30,6 +38,7 @@ from tests.e2e.checks import (
     wait_event,
     wait_phase,
 )
+from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(600)
 TIMEOUT_S = 15
@@ -102,4 +111,45 @@ def test_a_declared_evaluation_longer_than_the_timeout_is_left_alone(
     assert status.get("restarts", 0) == 0, status
     assert "lastFailure" not in status, status
     assert "HangDetected" not in event_reasons(cluster, namespace, name)
+    assert checkpoint_step(ckpt_dir) == steps
+
+
+@pytest.mark.usefixtures("operator_proc")
+def test_a_slow_node_is_named_and_with_the_policy_the_job_goes_on_without_it(
+    cluster: Cluster, namespace: str, ckpt_dir: Path, follower: LogFollower
+) -> None:
+    assert throttle.available() is None, throttle.available()
+    name, steps = "slow", 4000
+    job = TrainingJob(
+        name,
+        ckpt_dir,
+        min_replicas=2,
+        max_replicas=3,
+        steps=steps,
+        step_time_s=0.0,
+        ckpt_every=200,
+        script="tests/e2e/stall_train.py",
+        extra_env=(("WIDTH", "384"),),
+    )
+    manifest = job.manifest()
+    manifest["spec"]["stragglerPolicy"] = "Replace"
+    apply(cluster, namespace, manifest)
+    wait_for(lambda: any(ln.world == 3 for ln in follower.lines("step")), 300, "world 3")
+    victim = f"{name}-worker-1"
+    tree = records.pod_tree(records.find(cluster.layout.pods, namespace, victim))
+    with throttle.throttled([p.pid for p in tree], cpus=0.1):
+        wait_event(cluster, namespace, name, "StragglerReplaced", 240)
+        status = get_job(cluster, namespace, name)["status"]
+        replaced_at = max(ln.seen for ln in follower.lines("step"))
+    # status.stragglers lists the current round's: the group re-formed without the pod at
+    # once, so the Events (with its time and ratio) and avoidedNodes are what remains.
+    assert "StragglerDetected" in event_reasons(cluster, namespace, name)
+    assert status["avoidedNodes"] == [PROCESS_NODE], status
+    # The group re-forms without it and trains on at world 2.
+    wait_for(
+        lambda: any(ln.world == 2 and ln.seen > replaced_at for ln in follower.lines("step")),
+        120,
+        "training at world 2 after the straggler left",
+    )
+    wait_phase(cluster, namespace, name, "Succeeded", 400)
     assert checkpoint_step(ckpt_dir) == steps

@@ -309,6 +309,11 @@ class Straggler(Record):
     """``forward_seconds`` over the other nodes' median."""
     since: dt.datetime | None = None
     """When the operator first saw it named."""
+    round: int | None = None
+    """The rendezvous round the agents compared it in."""
+    replaced: bool = False
+    """``stragglerPolicy: Replace`` deleted it (kept while reports of that round name it,
+    so a replacement under the same name is never taken for it)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,13 +97,18 @@ def test_a_replacement_under_the_same_name_is_not_judged_by_the_old_report() -> 
     spec = job(minReplicas=2, maxReplicas=3, stragglerPolicy="Replace")
     first = plan(spec, parsed(RUNNING), observed(*pods(), reports=leader(1)), NOW)
     assert first.status is not None
-    fresh = [
-        *pods()[:1],
-        worker(1, node_name="node-9", created=NOW + dt.timedelta(seconds=1)),
-        pods()[2],
-    ]
+    assert written(first)["stragglers"][0]["replaced"] is True
+    later = NOW + dt.timedelta(seconds=1)
+    fresh = [*pods()[:1], worker(1, node_name="node-9", created=later), pods()[2]]
     again = plan(spec, first.status, observed(*fresh, reports=leader(1)), NOW)
     assert not again.delete_pods
+    assert events(again, EventReason.STRAGGLER_DETECTED) == []
+    assert [e["pod"] for e in written(again)["stragglers"]] == [wn(1)]
+    # Once the group re-formed (a newer round names nobody) the entry goes.
+    quiet = {wn(0): AgentReport(AgentState.RUNNING, round=3, node_rank=0)}
+    assert again.status is not None
+    done = plan(spec, again.status, observed(*fresh, reports=quiet), NOW)
+    assert "stragglers" not in written(done)
 
 
 def pool(name: str) -> dict[str, Any]:
@@ -138,7 +143,7 @@ def test_avoided_nodes_are_bounded_and_unique() -> None:
 
 def test_only_the_newest_rounds_stragglers_count() -> None:
     reports = {**leader(1, round_no=2), wn(2): leader(2, round_no=3)[wn(0)]}
-    found = stragglers.current(reports, pods())
+    found = stragglers.current(stragglers.newest(reports), pods(), None)
     assert [pod.name for pod, _ in found] == [wn(2)]
 
 

@@ -14,29 +14,35 @@ Event says the straggler was kept.
 
 from __future__ import annotations
 
+from torchflex_contract.progress import StragglerReport
+from torchflex_operator.model.observed import PodView
 from torchflex_operator.model.spec import StragglerPolicy
+from torchflex_operator.model.status import Straggler
 from torchflex_operator.model.vocabulary import EventReason, EventType
 from torchflex_operator.planning.context import Ctx, Draft
 from torchflex_operator.planning.rules import stragglers as rules
 
 
 def stragglers(ctx: Ctx, d: Draft) -> Draft:
-    found = rules.current(ctx.obs.reports, d.members)
-    listed, fresh = rules.merge(d.status.stragglers, found, ctx.stamp)
-    d = d.with_status(stragglers=listed)
+    named = rules.newest(ctx.obs.reports)
+    found = rules.current(named, d.members, d.status.stragglers)
+    listed, fresh = rules.merge(d.status.stragglers, named, found, ctx.stamp)
     for entry in fresh:
         d = d.event(EventType.WARNING, EventReason.STRAGGLER_DETECTED, rules.event_message(entry))
-    if ctx.job.straggler_policy is not StragglerPolicy.REPLACE:
-        return d
+    if ctx.job.straggler_policy is StragglerPolicy.REPLACE:
+        d, listed = _replace(ctx, d, found, listed, {e.pod for e in fresh})
+    return d.with_status(stragglers=listed)
+
+
+def _replace(
+    ctx: Ctx,
+    d: Draft,
+    found: list[tuple[PodView, StragglerReport]],
+    listed: tuple[Straggler, ...] | None,
+    new: set[str],
+) -> tuple[Draft, tuple[Straggler, ...] | None]:
     staying = sum(1 for pod in d.members if pod.deletion is None)
-    since = {entry.pod: entry.since for entry in listed or ()}
-    new = {entry.pod for entry in fresh}
     for pod, _st in found:
-        named = since.get(pod.name)
-        # A pod created after it was named is a replacement under the same name, judged
-        # by a report of the round before it: not the straggler.
-        if pod.deletion is not None or (pod.created and named and pod.created > named):
-            continue
         if staying - 1 < ctx.job.min_replicas:
             if pod.name in new:
                 d = d.event(
@@ -48,6 +54,7 @@ def stragglers(ctx: Ctx, d: Draft) -> Draft:
             continue
         staying -= 1
         d = d.delete(pod)
+        listed = rules.mark_replaced(listed, pod.name)
         if pod.node_name:
             d = d.with_status(avoided_nodes=rules.avoid(d.status.avoided_nodes, pod.node_name))
         d = d.event(
@@ -56,4 +63,4 @@ def stragglers(ctx: Ctx, d: Draft) -> Draft:
             f"deleted straggler pod {pod.name}; new pods are kept off node "
             f"{pod.node_name or '?'} (status.avoidedNodes)",
         )
-    return d
+    return d, listed
