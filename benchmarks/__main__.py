@@ -23,6 +23,7 @@ BENCHMARKS: tuple[str, ...] = (
     "preemption",
     "goodput",
     "state_commit",
+    "hang",
     "recovery_cluster",
     "operator_scale",
     "autoscaler",

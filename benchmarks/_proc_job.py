@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from benchmarks._proc_logs import StepLine, parse_steps, pick_victim
@@ -96,6 +96,8 @@ class ProcJob:
     agent_args: Sequence[str] = ()
     script: str = EXAMPLE
     """The training script (same CLI as the example's); goodput's state launcher changes it."""
+    extra_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """More environment for every launcher (the hang benchmark's staged fault)."""
     run_id: str = dataclasses.field(init=False, default_factory=_run_id)
     port: int = dataclasses.field(init=False, default_factory=free_port)
     store: Lines | None = dataclasses.field(init=False, default=None)
@@ -117,6 +119,7 @@ class ProcJob:
             env["TRAIN_NO_SIGTERM_HOOK"] = "1"
         if self.flavor.is_torchrun:
             env.update(TORCHRUN_ENV)
+        env.update(self.extra_env)
         return env
 
     def _script(self) -> list[str]:

@@ -11,6 +11,9 @@ hooks. Faults, from the environment:
   alive; the others block in their next all-reduce.
 - ``EVAL_AT`` / ``EVAL_SECONDS``: at that step rank 0 "evaluates" for that long
   inside ``torchflex_agent.pulse.paused`` while the others wait in a barrier.
+- ``COLLECTIVE_TIMEOUT_S``: gloo's timeout (600 s here; torch's default is 30 min),
+  which is what a stuck collective waits for under a launcher without hang detection.
+  ``TRAIN_PRINT_TIME=1`` ends each step line with `` t=<unix time>`` (the benchmarks).
 - ``WIDTH``: a wider model and batch, so that a step is compute-bound and a
   node under a CPU quota (``e2e.throttle``) is slow (the straggler scenario).
 """
@@ -53,7 +56,9 @@ def main() -> int:
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--ckpt-every", type=int, default=10)
     args = p.parse_args()
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    collective_s = float(os.environ.get("COLLECTIVE_TIMEOUT_S", "600"))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=collective_s))
+    stamp = os.environ.get("TRAIN_PRINT_TIME") == "1"
     rank, world = dist.get_rank(), dist.get_world_size()
     first_run = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     stall_rank = int(os.environ.get("STALL_RANK", "-1"))
@@ -73,6 +78,7 @@ def main() -> int:
         done = int(state["step"])
         print(f"resumed from step={done}", flush=True)
     ddp = DistributedDataParallel(model)
+    first, began = done, time.monotonic()
     while done < args.steps:
         if done + 1 == stall_at and rank == stall_rank:
             stalled_in_user_code(rank)
@@ -89,7 +95,10 @@ def main() -> int:
         opt.step()
         done += 1
         time.sleep(max(0.0, args.step_time - (time.monotonic() - started)))
-        print(f"step={done} loss={loss.item():.4f} world={world} rank={rank}", flush=True)
+        at = f" t={time.time():.3f}" if stamp else ""
+        sps = (done - first) / max(1e-9, time.monotonic() - began)
+        line = f"step={done} loss={loss.item():.4f} world={world} rank={rank} sps={sps:.2f}"
+        print(line + at, flush=True)
         if rank == 0 and (done % args.ckpt_every == 0 or done == args.steps):
             state = {"model": model.state_dict(), "opt": opt.state_dict()}
             if ckpt.save(done, state):

@@ -17,6 +17,7 @@ MAINS = (
     "preemption",
     "goodput",
     "state_commit",
+    "hang",
     "recovery_cluster",
     "operator_scale",
     "autoscaler",
