@@ -104,6 +104,10 @@ HANG_TIMEOUT: Final = "TORCHFLEX_HANG_TIMEOUT"
 """Seconds without training progress anywhere in the job before the agents declare a
 hang (``spec.hangTimeoutSeconds``; 0 turns detection off). Unset: derived from the
 job's own step times (``torchflex_agent.loop.logic.stall``)."""
+NODE_CHECK: Final = "TORCHFLEX_NODE_CHECK"
+"""``on``: before its first join the agent checks its node's devices (a timed matmul,
+checked against the CPU) and compares the figure with its peers' (``loop.preflight``);
+``off`` (default) skips it."""
 PULSE_FILE: Final = "TORCHFLEX_PULSE_FILE"
 """Per worker: the small binary record its bootstrap's hooks keep current (steps,
 last activity, forward time, a declared pause; ``torchflex_agent.pulse``)."""

@@ -32,6 +32,10 @@ class ExitCode(enum.IntEnum):
     RENDEZVOUS_CLOSED = 76
     """The job's rendezvous was closed (job finishing): not a failure."""
 
+    BAD_NODE = 79
+    """The opt-in node check failed before the agent joined (a device computing wrong
+    results or far slower than its peers'): replaced elsewhere, not counted."""
+
     BAD_COMMAND = 127
     """The training command cannot be started: a user error, permanent, counted.
 
@@ -61,7 +65,7 @@ def disposition(code: int) -> Disposition:
     """Classify an exit code alone (the operator also weighs pod conditions)."""
     if code == ExitCode.SUCCESS:
         return Disposition.SUCCEEDED
-    if code in (ExitCode.PREEMPTED, ExitCode.RENDEZVOUS_CLOSED, SIGTERM_EXIT):
+    if code in (ExitCode.PREEMPTED, ExitCode.RENDEZVOUS_CLOSED, ExitCode.BAD_NODE, SIGTERM_EXIT):
         return Disposition.RETRYABLE_FREE
     if code == ExitCode.INFRA_ERROR:
         return Disposition.RETRYABLE_COUNTED

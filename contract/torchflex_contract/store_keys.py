@@ -42,6 +42,9 @@ JOB_CLOSED: Final = "rdzv/job-closed"
 """JSON ``{"outcome": "succeeded"|"failed", "message": ...}``: no new rounds."""
 RESTARTS: Final = "restarts"
 """Decimal counter of worker-failure restarts of the whole job (not per agent)."""
+NODE_CHECKS: Final = "node-check"
+"""``node-check/count``: ticket counter; ``node-check/<i>``: JSON ``{"node", "gflops"}`` of
+the i-th agent that passed its node check, which later agents compare themselves with."""
 INCARNATION: Final = "incarnation"
 """Random id written once per store lifetime (``compare_set`` from absent): a restarted
 c10d store starts round numbering again at 0 under a new id, so checkpoints only

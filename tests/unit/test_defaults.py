@@ -68,6 +68,7 @@ READS: dict[str, tuple[Getter, object, dict[str, object]]] = {
     "suspend": (lambda j: j.suspend, True, {}),
     "cleanPodPolicy": (lambda j: j.clean_pod_policy, "All", {}),
     "stragglerPolicy": (lambda j: j.straggler_policy, "Replace", {}),
+    "nodeCheck.enabled": (lambda j: j.node_check, True, {}),
     "networkPolicy.enabled": (lambda j: j.network_policy, False, {}),
     "sharedMemory.enabled": (lambda j: j.shared_memory.enabled, False, {}),
     "sharedMemory.sizeLimit": (lambda j: j.shared_memory.size_limit, "8Gi", {}),

@@ -51,6 +51,7 @@ from torchflex_agent.loop.inplace import InPlace
 from torchflex_agent.loop.logic.config import AgentConfig
 from torchflex_agent.loop.logic.policy import closed_job_exit
 from torchflex_agent.loop.node import Node
+from torchflex_agent.loop.preflight import check_interpreter, check_node
 from torchflex_agent.loop.session import StoreSession
 from torchflex_agent.loop.standby import stand_by
 from torchflex_agent.loop.supervise import (
@@ -229,6 +230,8 @@ class ElasticAgent:
 
     def _run(self) -> ExitCode:
         self._session.start(self._descriptor)
+        if self.config.node_check:  # before a spare's wait too: promoted, it joins at once
+            check_node(self._session.rdzv, check_interpreter(self.config.command))
         if not stand_by(self.config.standby_file, self._terminating, self._update):
             return ExitCode.PREEMPTED
         min_round = 0

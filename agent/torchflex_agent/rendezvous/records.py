@@ -43,6 +43,7 @@ from torchflex_contract.store_keys import (
     INCARNATION,
     JOB_CLOSED,
     LOST,
+    NODE_CHECKS,
     RESTARTS,
     SPEED,
     STALE,
@@ -278,3 +279,23 @@ class RoundRecords:
             except (ValueError, TypeError, KeyError):
                 continue
         return out
+
+    def node_checks(self, limit: int = 64) -> list[float]:
+        """The figures (GFLOP/s) of the agents that passed their node check so far."""
+        count = self._store.tickets(self.keys.key(NODE_CHECKS, "count"))
+        keys = [self.keys.key(NODE_CHECKS, i) for i in range(max(0, count - limit), count)]
+        out = []
+        for raw in self._store.get_many(keys) if keys else []:
+            if raw is None:
+                continue
+            try:
+                out.append(float(json.loads(raw)["gflops"]))
+            except (ValueError, TypeError, KeyError):
+                continue
+        return out
+
+    def publish_node_check(self, gflops: float) -> None:
+        """This agent passed its node check with ``gflops``: later agents compare with it."""
+        index = self._store.take_ticket(self.keys.key(NODE_CHECKS, "count")) - 1
+        raw = json.dumps({"node": self.node.node_id, "gflops": gflops}).encode()
+        self._store.set(self.keys.key(NODE_CHECKS, index), raw)

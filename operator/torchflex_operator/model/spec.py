@@ -97,6 +97,8 @@ class JobSpec:
     """``spec.warmSpares``: prewarmed pods kept beyond ``desired`` to scale up fast
     (``planning.steps.spares``)."""
     straggler_policy: StragglerPolicy = StragglerPolicy.IGNORE
+    node_check: bool = False
+    """``spec.nodeCheck.enabled``: each agent checks its node before joining."""
     hang_timeout_s: int | None = None
     """``spec.hangTimeoutSeconds``: seconds without progress before the agents declare
     a hang (0: off); None: the agents derive it from the job's step time."""
@@ -169,6 +171,7 @@ class JobSpec:
                 warm_spares=int(spec.get("warmSpares", 0)),
                 hang_timeout_s=None if hang is None else int(hang),
                 straggler_policy=StragglerPolicy(spec.get("stragglerPolicy", "Ignore")),
+                node_check=bool((spec.get("nodeCheck") or {}).get("enabled", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc

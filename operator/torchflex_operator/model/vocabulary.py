@@ -116,6 +116,9 @@ class Reason(enum.StrEnum):
     """Deleted (by the operator, a user or a controller) without platform evidence."""
     MEMBER_LOST = "MemberLost"
     """Fenced: the group declared the pod's member lost and its agent went silent."""
+    BAD_NODE = "BadNode"
+    """Its agent's node check failed (a wrong or far too slow matmul) before it joined:
+    not counted; its node is avoided and the pod replaced elsewhere."""
     HANG = "Hang"
     """No training progress anywhere for the hang timeout: the agents recorded every
     rank's stack and restarted the workers (the pod and rank name the one that stopped)."""

@@ -109,6 +109,8 @@ def contract_env(job: JobSpec, index: int, container: Manifest) -> list[Manifest
     ]
     if job.hang_timeout_s is not None:  # unset: the agent derives it (and the spec hash stays)
         out.append(lit(env.HANG_TIMEOUT, job.hang_timeout_s))
+    if job.node_check:
+        out.append(lit(env.NODE_CHECK, "on"))
     if rdzv.tls_secret_name:
         out.append(lit(env.RDZV_TLS_DIR, env.RDZV_TLS_MOUNT))
     if _has_gpu_limit(container):

@@ -14,6 +14,8 @@ not be called a hang.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -140,3 +142,31 @@ def test_a_node_under_a_cpu_quota_is_named_a_straggler(tmp_path: Path) -> None:
         print(f"STRAGGLER: node rank {slow_rank} forward {st.forward_s:.4f} s, {st.ratio}x")
         text = "\n".join(a.text() for a in job.agents)
         assert "straggler: node rank" in text
+
+
+@pytest.mark.timeout(300)
+def test_node_check_passes_good_nodes_and_keeps_a_broken_one_out(tmp_path: Path) -> None:
+    """``--node-check on``: two agents time their matmul and pass (the first with no peer
+    to compare with, the second against it) and train; a third whose interpreter cannot
+    run torch (a real Python without it: a broken node image) fails its check, exits 79
+    (``BAD_NODE``) naming why, and never joins. The slower-than-peers rule is table-tested
+    (``tests/unit/agent/test_agent_stalls.py``): on this shared 2-core machine the peers'
+    own figures swing too much with load for a CPU quota to make a stable test of it."""
+    broken = tmp_path / "no-torch"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(broken)], check=True)
+    flags = [*FLAGS, "--node-check", "on"]
+    with Job(tmp_path, agent_env={"STEPS": "200"}) as job:
+        job.start_store()
+        good = [job.start_agent([PYTHON, SCRIPT], "2:3", flags) for _ in range(2)]
+        for log in good:
+            log.wait_for(lambda s: "node check passed" in s, 120)
+        text = good[0].text() + good[1].text()
+        assert "no peer to compare with yet" in text and "against a median of" in text, text
+        bad = job.start_agent([str(broken / "bin" / "python"), SCRIPT], "2:3", flags)
+        assert bad.proc.wait(120) == 79, bad.text()[-3000:]
+        report = job.termination_report(2)
+        assert "node check failed to run" in report.message, report
+        assert "No module named 'torch'" in report.message, report
+        assert "joining the rendezvous" not in bad.text()
+        assert [a.proc.wait(180) for a in good] == [0, 0], [a.text()[-2000:] for a in good]
+        assert "step 200 world 2" in good[0].text() + good[1].text()

@@ -15,7 +15,7 @@ import pytest
 
 from torchflex_agent import pulse
 from torchflex_agent.errors import ConfigError
-from torchflex_agent.loop.logic import stall
+from torchflex_agent.loop.logic import preflight, stall
 from torchflex_agent.loop.logic.config import parse_args
 from torchflex_contract.progress import MAX_STALL_RANKS, RankStall
 
@@ -181,3 +181,40 @@ def test_hang_timeout_flag(value: str, expected: float | None) -> None:
 def test_bad_hang_timeout_names_the_flag(value: str) -> None:
     with pytest.raises(ConfigError, match="--hang-timeout"):
         parse_args(["--hang-timeout", value, *BASE], env={})
+
+
+def fig(gflops: float, correct: bool = True, device: str = "cpu") -> preflight.DeviceFigure:
+    return preflight.DeviceFigure(device, gflops, correct)
+
+
+@pytest.mark.parametrize(
+    ("figures", "peers", "ok", "said"),
+    [
+        ([fig(10.0)], [], True, "no peer to compare with yet"),
+        ([fig(10.0)], [12.0, 9.0], True, "against a median of 10.5 over 2 peer(s)"),
+        ([fig(5.1)], [10.0], True, "against a median"),  # just under 2x slower: passes
+        ([fig(4.9)], [10.0, 10.0, 11.0], False, "too slow"),
+        ([fig(20.0, device="cuda:0"), fig(4.0, device="cuda:1")], [10.0], False, "too slow"),
+        ([fig(50.0, correct=False, device="cuda:1")], [], False, "cuda:1 computed a wrong"),
+    ],
+)
+def test_node_check_verdict(
+    figures: list[preflight.DeviceFigure], peers: list[float], ok: bool, said: str
+) -> None:
+    got = preflight.verdict(figures, peers)
+    assert got.ok is ok and said in got.reason, got
+    assert got.gflops == min(f.gflops for f in figures)
+
+
+@pytest.mark.parametrize("text", ["", "[]", "{}", '[{"device": "cpu"}]', "nope"])
+def test_node_check_output_must_be_figures(text: str) -> None:
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        preflight.parse_figures(text)
+
+
+def test_node_check_flag() -> None:
+    assert parse_args(BASE, env={}).node_check is False
+    assert parse_args(["--node-check", "on", *BASE], env={}).node_check is True
+    assert parse_args(BASE, env={"TORCHFLEX_NODE_CHECK": "on"}).node_check is True
+    with pytest.raises(ConfigError, match="--node-check"):
+        parse_args(["--node-check", "yes", *BASE], env={})

@@ -156,3 +156,23 @@ def test_policy_parses(value: str | None, policy: str) -> None:
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(InvalidSpecError, match="Evict"):
         JobSpec.parse(job_obj(stragglerPolicy="Evict"))
+
+
+def test_a_pod_whose_node_failed_its_check_is_replaced_uncounted_and_its_node_avoided() -> None:
+    bad = worker(2, "Failed", exit_code=79, node_name="node-2", uid="uid-bad")
+    spec = job(minReplicas=2, maxReplicas=3, nodeCheck={"enabled": True})
+    result = plan(spec, parsed(RUNNING), observed(*pods()[:2], bad), NOW)
+    status = written(result)
+    assert status["lastFailure"]["reason"] == "BadNode" and not status["lastFailure"]["counted"]
+    assert status["avoidedNodes"] == ["node-2"]
+    assert status.get("failures") in (None, 0)
+    assert [d.name for d in result.delete_pods] == [wn(2)]
+
+
+def test_node_check_reaches_the_agent_only_when_enabled() -> None:
+    from torchflex_contract import env
+    from torchflex_operator.render.builders import contract_env
+
+    on = {e["name"]: e.get("value") for e in contract_env(job(nodeCheck={"enabled": True}), 0, {})}
+    off = {e["name"]: e.get("value") for e in contract_env(job(), 0, {})}
+    assert on[env.NODE_CHECK] == "on" and env.NODE_CHECK not in off

@@ -57,6 +57,8 @@ class AgentConfig:
     """Seconds a worker whose script returned may take to exit (then: stacks, SIGKILL)."""
     completion_grace: float = tfenv.DEFAULT_COMPLETION_GRACE_S
     """Seconds workers may run on once another member finished the job (then: stacks, end)."""
+    node_check: bool = False
+    """Check the node's devices against its peers before the first join (``loop.preflight``)."""
     hang_timeout: float | None = None
     """Seconds without progress anywhere before a hang is declared; None: derived from the
     job's step times (``loop.logic.stall``); 0: no hang detection."""
@@ -255,6 +257,14 @@ _FLAGS: tuple[_Flag, ...] = (
         "stacks are recorded and they are ended",
     ),
     _Flag(
+        ("--node-check",),
+        "node_check",
+        tfenv.NODE_CHECK,
+        "off",
+        "on: before joining, time a matmul on each device (checked against the CPU) and "
+        "exit 79 if a result is wrong or the node is over 2x slower than its peers' median",
+    ),
+    _Flag(
         ("--hang-timeout",),
         "hang_timeout",
         tfenv.HANG_TIMEOUT,
@@ -350,6 +360,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         raise ConfigError("--liveness-timeout: must exceed twice --heartbeat-interval")
     if ns.prewarm not in ("auto", "off"):
         raise ConfigError(f"--prewarm: expected auto|off, got {ns.prewarm!r}")
+    if ns.node_check not in ("on", "off"):
+        raise ConfigError(f"--node-check: expected on|off, got {ns.node_check!r}")
     if ns.standby_file and not ns.standby_file.strip():
         raise ConfigError(f"--standby-file: expected a path, got {ns.standby_file!r}")
     return AgentConfig(
@@ -381,6 +393,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
             ns.completion_grace
         ),
         hang_timeout=parse_hang_timeout(ns.hang_timeout),
+        node_check=ns.node_check == "on",
     )
 
 

@@ -130,6 +130,10 @@ def classify(pod: PodView, observed: Observed) -> Failure:
         return Failure(Reason.OOM_KILLED, True, pod.exit_code, message or "OOMKilled")
     if pod.exit_code == ExitCode.BAD_COMMAND:
         return Failure(Reason.USER_ERROR, True, pod.exit_code, message, fatal=True)
+    if pod.exit_code == ExitCode.BAD_NODE:
+        # Its node failed the opt-in check before it joined: the node's fault, not the
+        # job's; replaced elsewhere (steps.failed adds the node to avoidedNodes).
+        return Failure(Reason.BAD_NODE, False, pod.exit_code, message)
     kind = disposition(pod.exit_code)
     if kind is Disposition.RETRYABLE_FREE:
         return Failure(Reason.PREEMPTED, False, pod.exit_code, message)

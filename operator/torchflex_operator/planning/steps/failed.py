@@ -21,6 +21,7 @@ from torchflex_operator.planning.context import Ctx, Draft
 from torchflex_operator.planning.rules import hung as hung_rules
 from torchflex_operator.planning.rules import stalls
 from torchflex_operator.planning.rules.failures import classify, final_report, root_cause
+from torchflex_operator.planning.rules.stragglers import avoid
 
 
 def hung(ctx: Ctx, d: Draft) -> Draft:
@@ -56,6 +57,9 @@ def account(ctx: Ctx, d: Draft) -> Draft:
         fresh += 1
         if failure.fatal:
             fatal = f"pod {pod.name}: {failure.message[-300:]}"
+        if failure.reason is Reason.BAD_NODE and pod.node_name:
+            avoided = avoid(d.status.avoided_nodes, pod.node_name)
+            d = d.with_status(avoided_nodes=avoided)
         s = d.status
         shown = None if s.last_failure is None else s.last_failure.root_cause
         cause = root_cause(pod.name, final_report(pod.message), shown)
