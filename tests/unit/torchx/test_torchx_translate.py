@@ -26,7 +26,7 @@ def _ddp(*args: str, **kwargs: Any) -> specs.AppDef:
     """dist.ddp, the verb of TorchX's docs; this TorchX build calls it deprecated in
     favour of dist.torchrun (tested too), which builds the same role."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "dist.ddp is deprecated", UserWarning)
+        warnings.filterwarnings("ignore", r".*dist\.ddp is deprecated", UserWarning)
         app: specs.AppDef = dist.ddp(*args, **kwargs)
     return app
 
