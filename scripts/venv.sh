@@ -43,6 +43,13 @@ purelib "$shared/bin/python" > "$(purelib "$own/bin/python")/torchflex-shared-ve
 echo "$root" > "$own/checkout"
 "$own/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
   || "$own/bin/python" -m pip install -q --no-deps --no-build-isolation -e .
+# The TorchX scheduler's extra (pyproject.toml, `torchx`: a few small packages) goes
+# into this layer, not the shared one, so adding it never rebuilds the shared layer
+# (keyed by constraints.txt); pip reaches the index only when the pin is missing.
+want="$(sed -n 's/^ *"\(torchx-nightly==[^"]*\)".*/\1/p' pyproject.toml)"
+if ! "$own/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('${want%%==*}') != '${want##*==}')" 2>/dev/null; then
+  "$own/bin/python" -m pip install -q -c constraints.txt "$want"
+fi
 # The shared layer's console scripts, re-pointed at this layer's interpreter;
 # binaries (ruff, kubectl, hadolint) linked as they are.
 for f in "$shared"/bin/*; do

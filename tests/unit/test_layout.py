@@ -98,11 +98,11 @@ def test_every_product_module_has_its_row_in_the_docs() -> None:
 
 
 # Size and privacy rules for all product code (issue 27).
-SIZED = ("agent", "contract", "operator")
-PRIVATE_CHECKED = ("agent", "contract", "operator")
+SIZED = ("agent", "contract", "operator", "submit")
+PRIVATE_CHECKED = ("agent", "contract", "operator", "submit")
 MAX_CLASS_LINES = 300
 MAX_FUNCTION_LINES = 100
-OUR_ROOTS = ("torchflex_agent", "torchflex_operator", "torchflex_contract")
+OUR_ROOTS = ("torchflex_agent", "torchflex_operator", "torchflex_contract", "torchflex_torchx")
 
 
 def _sources(roots: tuple[str, ...]) -> list[Path]:
