@@ -72,9 +72,17 @@ def run_trial(flavor: str, workdir: Path, cap: float) -> Trial:
         trial.recovery_s = recovery_seconds([n.steps() for n in job.nodes], stalled + 0.001, 3)
         if trial.recovery_s is None:
             trial.problem = f"not training again within the {cap:.0f} s cap"
+            _explain(job)
         return trial
     finally:
         job.close()
+
+
+def _explain(job: ProcJob) -> None:
+    """stderr: each launcher's round and hang lines, for a run that did not recover."""
+    for node in job.nodes:
+        lines = [x for x in node.texts() if "step=" not in x and ("round" in x or "hang" in x)]
+        print(f"   {node.name}:", *lines[-8:], sep="\n     ", file=sys.stderr)
 
 
 def _wait_stalled(job: ProcJob, timeout: float) -> float | None:
