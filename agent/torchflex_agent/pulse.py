@@ -19,7 +19,7 @@ decide whether the job still makes progress (a hang: docs/failure-model.md)
 and how long a forward takes on this node against the others (a straggler,
 ``loop.logic.straggler``).
 
-The contract is a 64-byte record in the file named by ``env.PULSE_FILE``
+The contract is a 72-byte record in the file named by ``env.PULSE_FILE``
 (one per worker, on the agent's folder), rewritten in place with one
 ``pwrite`` per event (a few microseconds) and framed by a sequence number at
 both ends so that a read racing a write is retried, never misread. Times
@@ -44,8 +44,9 @@ from typing import Any, Final
 
 from torchflex_contract import env as tfenv
 
-# seq, steps, last step, last activity, forward seconds (total), paused until, forwards, seq
-_RECORD: Final = struct.Struct("<QQddddQQ")
+# seq, steps, first step, last step, last activity, forward seconds (total), paused until,
+# forwards, seq again
+_RECORD: Final = struct.Struct("<QQdddddQQ")
 RECORD_SIZE: Final = _RECORD.size
 _READ_ATTEMPTS: Final = 4
 _DDP: Final = "DistributedDataParallel"
@@ -56,6 +57,8 @@ class Pulse:
     """One worker's record as its agent reads it (times on CLOCK_MONOTONIC)."""
 
     steps: int = 0
+    first_step: float = 0.0
+    """When the first step ended (0: none yet): with ``last_step``, the mean step time."""
     last_step: float = 0.0
     """When the latest step ended (0: none yet)."""
     last_activity: float = 0.0
@@ -81,6 +84,7 @@ class PulseWriter:
         self._lock = threading.Lock()
         self._seq = 0
         self.steps = 0
+        self.first_step = 0.0
         self.last_step = 0.0
         self.last_activity = 0.0
         self.forward_total = 0.0
@@ -94,6 +98,7 @@ class PulseWriter:
         data = _RECORD.pack(
             self._seq,
             self.steps,
+            self.first_step,
             self.last_step,
             self.last_activity,
             self.forward_total,
@@ -108,6 +113,7 @@ class PulseWriter:
         with self._lock:
             now = self._clock()
             self.steps += 1
+            self.first_step = self.first_step or now
             self.last_step = self.last_activity = now
             self._write()
 
@@ -230,9 +236,9 @@ def read_pulse(path: Path) -> Pulse | None:
             data = os.pread(fd, RECORD_SIZE, 0)
             if len(data) != RECORD_SIZE:
                 return None
-            seq, steps, last_step, activity, forward, until, forwards, seq2 = _RECORD.unpack(data)
+            seq, steps, first, last, activity, forward, until, forwards, seq2 = _RECORD.unpack(data)
             if seq == seq2:
-                return Pulse(steps, last_step, activity, forward, until, forwards)
+                return Pulse(steps, first, last, activity, forward, until, forwards)
         return None
     except OSError:
         return None

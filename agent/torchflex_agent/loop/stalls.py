@@ -54,7 +54,6 @@ class StallWatch:
     _state: stall.StallClock | None = None
     _next: float = 0.0
     _published: float = 0.0
-    _first: tuple[float, int] | None = None
     _step_s: float | None = None
     _speed_next: float = 0.0
     _speed_seq: int = 0
@@ -98,16 +97,12 @@ class StallWatch:
         return self.limit if self._state.stalled(now, self.limit) else None
 
     def _learn_step_time(self, pulses: list[Pulse]) -> None:
-        busiest = max(pulses, key=lambda p: p.steps, default=None)
-        if busiest is None or busiest.steps < 1:
-            return
-        sample = (busiest.last_step, busiest.steps)
-        if self._first is None:
-            self._first = sample
-            return
-        got = stall.step_seconds(self._first, sample)
-        if got is not None:
-            self._step_s = got
+        """The slowest local worker's mean step time, read off its pulse (no sampling:
+        a job that stalls within one check of its start still has one)."""
+        got = [stall.step_seconds(p.first_step, p.last_step, p.steps) for p in pulses]
+        known = [s for s in got if s is not None]
+        if known:
+            self._step_s = max(known)
 
     def _compare_speeds(self, pulses: list[Pulse | None]) -> None:
         """Publish this node's mean forward time over the window; node rank 0 compares."""

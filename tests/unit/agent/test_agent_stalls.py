@@ -40,9 +40,9 @@ def test_timeout_in_force(
 
 
 def test_step_seconds_needs_a_few_steps_after_the_first() -> None:
-    assert stall.step_seconds(None, (10.0, 5)) is None
-    assert stall.step_seconds((0.0, 1), (2.0, 3)) is None  # two steps: not trusted yet
-    assert stall.step_seconds((0.0, 1), (6.0, 4)) == 2.0
+    assert stall.step_seconds(0.0, 0.0, 0) is None
+    assert stall.step_seconds(10.0, 12.0, 3) is None  # two steps after the first: not yet
+    assert stall.step_seconds(10.0, 16.0, 4) == 2.0
 
 
 def test_a_job_whose_counter_stops_is_hung_after_the_timeout_on_our_clock() -> None:
@@ -151,7 +151,7 @@ def test_pulse_record_round_trip(tmp_path: Path) -> None:
         writer.pause(60.0)
         got = pulse.read_pulse(path)
         assert got is not None
-        assert (got.steps, got.last_step, got.forwards) == (1, 100.0, 1)
+        assert (got.steps, got.first_step, got.last_step, got.forwards) == (1, 100.0, 100.0, 1)
         assert got.forward_total == 0.5 and got.last_activity == 101.5
         assert got.paused_until == 161.5
         writer.resume()

@@ -69,14 +69,12 @@ def check_every(limit: float | None) -> float:
     return min(5.0, max(0.5, limit / 10.0))
 
 
-def step_seconds(first: tuple[float, int] | None, last: tuple[float, int]) -> float | None:
-    """Mean step time between two (time of latest step, steps) samples of one worker."""
-    if first is None:
+def step_seconds(first_step: float, last_step: float, steps: int) -> float | None:
+    """A worker's mean step time from its pulse: between its first and latest step ends
+    (so its start-up and first step's compilation are left out)."""
+    if steps - 1 < MIN_STEPS_TO_DERIVE or last_step <= first_step:
         return None
-    (t0, s0), (t1, s1) = first, last
-    if s1 - s0 < MIN_STEPS_TO_DERIVE or t1 <= t0:
-        return None
-    return (t1 - t0) / (s1 - s0)
+    return (last_step - first_step) / (steps - 1)
 
 
 @dataclasses.dataclass(frozen=True)
