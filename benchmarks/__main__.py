@@ -25,6 +25,7 @@ BENCHMARKS: tuple[str, ...] = (
     "state_commit",
     "hang",
     "recovery_cluster",
+    "straggler",
     "operator_scale",
     "autoscaler",
 )

@@ -19,6 +19,7 @@ MAINS = (
     "state_commit",
     "hang",
     "recovery_cluster",
+    "straggler",
     "operator_scale",
     "autoscaler",
 )
