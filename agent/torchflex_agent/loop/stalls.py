@@ -142,9 +142,6 @@ class StallWatch:
             for f in flagged
         )
 
-    def idle(self) -> float:
-        return 0.0 if self._state is None else self._state.idle(self.clock())
-
 
 def record(
     rdzv: Rendezvous, result: RendezvousResult, group: WorkerGroup, clock: Callable[[], float]
