@@ -48,6 +48,7 @@ def test_in_teardown(stack: str, teardown: bool) -> None:
 def test_fork_server_repeats_the_contract_names() -> None:
     assert zygote.FINISHED_FILE_ENV == tfenv.FINISHED_FILE
     assert zygote.STACK_FILE_ENV == tfenv.STACK_FILE
+    assert zygote.PULSE_FILE_ENV == tfenv.PULSE_FILE
     assert zygote.STACK_SIGNAL == hangs.STACK_SIGNAL
     assert zygote.KEPT_GROUPS_ATTR == tfenv.KEPT_GROUPS_ATTR
     assert hangs.STACK_SIGNAL == signal.SIGRTMIN + tfenv.STACK_SIGNAL_OFFSET
