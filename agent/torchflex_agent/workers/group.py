@@ -66,6 +66,11 @@ _ROLE_NAME = "default"
 _STDERR_TAIL_LINES = 200
 # How long failed workers' stderr may take to reach EOF before their tails are read.
 _STDERR_DRAIN_S = 0.5
+# How long a stopped group's output may take to reach ours, all copiers together: the
+# next round's header must follow the last line of this one (a reader of the pod's log
+# orders rounds by it). Only a descendant that outlives the worker holding its pipe
+# makes this wait in full.
+_OUTPUT_DRAIN_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,6 +336,11 @@ class _Prefixer:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
 
+    @property
+    def alive(self) -> bool:
+        """Still copying: the worker's end of the pipe is open somewhere."""
+        return self._thread.is_alive()
+
 
 class WorkerGroup:
     """The ``nproc`` worker processes this node runs for one round."""
@@ -586,5 +596,14 @@ class WorkerGroup:
         if not self.wait(grace):
             self.signal(signal.SIGKILL)
             self.wait(5.0)
-        for p in [*self._stdout, *self._stderr]:
-            p.join(1.0)
+        drain_until = time.monotonic() + _OUTPUT_DRAIN_S  # one wait for all, not each
+        copiers = [*self._stdout, *self._stderr]
+        for p in copiers:
+            p.join(max(0.0, drain_until - time.monotonic()))
+        if any(p.alive for p in copiers):
+            log.warning(
+                "round %d: workers' output still open %.0f s after they stopped "
+                "(a process they started holds it); its later lines may follow this round",
+                self._result.round,
+                _OUTPUT_DRAIN_S,
+            )
