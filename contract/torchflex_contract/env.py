@@ -67,6 +67,15 @@ LIVENESS_TIMEOUT: Final = "TORCHFLEX_LIVENESS_TIMEOUT"
 """Seconds without heartbeat progress (watcher's own clock) before a peer counts as lost."""
 STOP_GRACE: Final = "TORCHFLEX_STOP_GRACE"
 """Seconds workers get after SIGTERM on a membership change before SIGKILL."""
+ROLE: Final = "TORCHFLEX_ROLE"
+"""The training role this agent's workers belong to (``--role``, torchrun's flag);
+unset on a job without ``spec.roles``, whose one role is ``roles.DEFAULT_ROLE``."""
+COUPLING: Final = "TORCHFLEX_COUPLING"
+"""A ``roles.Coupling``: ``Independent`` (each role its own rendezvous) or ``Joint``
+(one rendezvous across roles, torchrun ``--role`` ranks). Unset: ``Independent``."""
+ROLE_SIZES: Final = "TORCHFLEX_ROLE_SIZES"
+"""Every role of the job in spec order, ``name=MIN:MAX`` joined by ``,``
+(``roles.format_role_sizes``); unset on a job without ``spec.roles``."""
 PREWARM: Final = "TORCHFLEX_PREWARM"
 """``auto`` (default): fork Python workers from a warm fork server; ``off``: plain spawn."""
 
@@ -111,6 +120,14 @@ checked against the CPU) and compares the figure with its peers' (``loop.preflig
 PULSE_FILE: Final = "TORCHFLEX_PULSE_FILE"
 """Per worker: the small binary record its bootstrap's hooks keep current (steps,
 last activity, forward time, a declared pause; ``torchflex_agent.pulse``)."""
+ROLES_FILE: Final = "TORCHFLEX_ROLES_FILE"
+"""Per agent: a JSON file the agent replaces atomically with every role's current
+round, world size and members (``torchflex_agent.roles``)."""
+SERVICE_PORT: Final = "TORCHFLEX_SERVICE_PORT"
+"""Per worker: a free port it may serve on, published to the other roles in the
+roles file."""
+ROLE_RANKS: Final = "TORCHFLEX_ROLE_RANKS"
+"""Joint coupling: every role's global ranks, ``trainer:0-3,ps:4-4``."""
 PROGRESS_FILE: Final = "TORCHFLEX_PROGRESS_FILE"
 """Where the ``LOCAL_RANK`` 0 worker reports training progress
 (``torchflex_agent.progress``): one file per agent, replaced atomically."""
