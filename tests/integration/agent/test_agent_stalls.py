@@ -13,7 +13,9 @@ not be called a hang.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +26,7 @@ import pytest
 from e2e import throttle
 from e2e.kubelet.records import process_tree
 from tests.integration.agent.tfagent_helpers import PYTHON, Job
+from tests.support import wait_for
 from torchflex_contract.progress import RestartReason
 
 SCRIPT = str(Path(__file__).with_name("stall_train.py"))
@@ -116,6 +119,47 @@ def test_the_same_evaluation_undeclared_is_a_hang(tmp_path: Path) -> None:
         assert "no training progress for 10 s" in text, text[-4000:]
         stalls = [r.stall for i in range(3) if (r := job.termination_report(i)).stall]
         assert len(stalls) == 1 and stalls[0].rank == 0, stalls
+
+
+@pytest.mark.timeout(300)
+def test_a_frozen_member_and_a_wait_below_the_minimum_are_not_hangs(tmp_path: Path) -> None:
+    """One member of a 3:3 job frozen (SIGSTOP of its agent and every process below it)
+    for over twice the hang timeout: the fencing path's fault, not a hang. The others
+    stop heartbeat-watching it, stop their workers and wait below the minimum, making no
+    progress at all for as long: no member may declare a hang or count a restart. Woken,
+    the frozen member fences itself, rejoins, and the job trains again at world 3."""
+    env = {"STEPS": "100000"}
+    with Job(tmp_path, agent_env=env, serve_status=True) as job:
+        job.start_store()
+        logs = [job.start_agent([PYTHON, SCRIPT], "3:3", FLAGS) for _ in range(3)]
+        for log in logs:
+            log.wait_for(lambda s: re.search(r"step 5 world 3", s) is not None, 120)
+        job.frozen = process_tree(logs[1].proc.pid)
+        for pid in job.frozen:
+            os.kill(pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        wait_for(
+            lambda: any(
+                t >= frozen_at for i in (0, 2) for t, _ in logs[i].matching("stopped heartbeating")
+            ),
+            30,
+            "a survivor seeing the frozen member stop heartbeating",
+        )
+        time.sleep(TIMEOUT_S * 2.5)
+        woke_at = time.monotonic()
+        for pid in job.frozen:
+            os.kill(pid, signal.SIGCONT)
+        job.frozen = []
+        logs[1].wait_for(lambda s: "fenced" in s, 30, after=woke_at)
+        world3 = re.compile(r"step \d+ world 3")
+        for log in logs:
+            log.wait_for(lambda s: world3.search(s) is not None, 120, after=woke_at)
+        text = "\n".join(a.text() for a in job.agents)
+        assert not re.search(r"round \d+: hang", text), text[-4000:]
+        assert "no training progress" not in text, text[-4000:]
+        reports = [job.status(i) for i in range(3)]
+        assert all(r.stall is None for r in reports), reports
+        assert {r.restarts for r in reports} == {0}, reports
 
 
 @pytest.mark.timeout(300)
