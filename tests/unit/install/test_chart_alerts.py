@@ -120,8 +120,8 @@ def scenario(
     }
 
 
-def sel(name: str, **labels: str) -> str:
-    return name + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+def sel(metric: str, /, **labels: str) -> str:
+    return metric + "{" + ", ".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
 
 
 OP = {"namespace": NAMESPACE}
