@@ -62,6 +62,8 @@ def test_the_config_map_holds_the_chart_dashboard_for_the_sidecar() -> None:
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["labels"]["app.kubernetes.io/instance"] == "tf"
     assert json.loads(cm["data"]["torchflex.json"]) == dashboard()
+    # Far below a ConfigMap's 1 MiB, and below kubectl apply's 256 KiB annotation too.
+    assert len(cm["data"]["torchflex.json"]) < 256 * 1024
     default_ns = one(render({"metrics": {"grafanaDashboard": {"enabled": True}}}), "ConfigMap")
     assert default_ns["metadata"]["namespace"] == NAMESPACE
 
