@@ -136,6 +136,9 @@ Cross-field rules the JSON schema cannot say clearly; each fails with the fix.
 {{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.enabled) }}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.enabled: the ServiceMonitor scrapes the metrics Service" }}
 {{- end }}
+{{- if and .Values.metrics.prometheusRule.enabled (not .Values.metrics.enabled) }}
+{{- fail "metrics.prometheusRule.enabled needs metrics.enabled: its alerts read the operator's metrics" }}
+{{- end }}
 {{- if and .Values.podDisruptionBudget.enabled (le (int .Values.replicaCount) (int .Values.podDisruptionBudget.minAvailable)) }}
 {{- fail "podDisruptionBudget.minAvailable must be lower than replicaCount, or no node could ever be drained" }}
 {{- end }}

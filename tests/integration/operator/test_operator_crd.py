@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,25 @@ def test_examples_are_valid_and_defaults_applied(
     # The scale subresource refuses replicas outside [min, max] too.
     out = cluster.kubectl("scale", "-n", namespace, "ej/mnist-c10d", "--replicas=9", check=False)
     assert out.returncode != 0 and "spec.replicas" in out.stderr
+
+
+def readme_jobs() -> list[str]:
+    """The ElasticJobs README.md offers a newcomer to copy (its ``yaml`` blocks)."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"^```yaml\n(.*?)^```", text, re.S | re.M)
+    return [b for b in blocks if (yaml.safe_load(b) or {}).get("kind") == "ElasticJob"]
+
+
+@pytest.mark.cluster
+def test_the_readme_job_is_accepted_as_written(cluster: Cluster, namespace: str, crd: None) -> None:
+    (job,) = readme_jobs()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(job)
+        f.flush()
+        cluster.kubectl("create", "-n", namespace, "-f", f.name)
+    name = yaml.safe_load(job)["metadata"]["name"]
+    created = cluster.get_json("ej", name, "-n", namespace)
+    assert created["spec"]["rendezvous"]["backend"] == "c10d"  # the defaults applied
 
 
 def defaulted_fields(schema: Mapping[str, Any], path: str) -> Iterator[tuple[str, Any]]:

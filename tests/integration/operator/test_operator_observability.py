@@ -147,6 +147,22 @@ def test_metrics_and_json_log_of_a_running_operator(
     for series in ("torchflex_job_failures_total", "torchflex_job_replacements_total",
                    "torchflex_job_restarts_total"):  # fmt: skip
         assert [v for n, labels, v in scraped if n == series and labels == mine] == [0.0], series
+    # The job's sizes, phase and conditions, as the dashboard and the alerts read them.
+    for series, value in (("torchflex_job_min_replicas", 1.0), ("torchflex_job_max_replicas", 2.0),
+                          ("torchflex_job_ready_replicas", 2.0)):  # fmt: skip
+        assert [v for n, labels, v in scraped if n == series and labels == mine] == [value], series
+    phases = {
+        labels["phase"]: v
+        for n, labels, v in scraped
+        if n == "torchflex_job_phase" and labels.items() >= mine.items()
+    }
+    assert phases["Running"] == 1.0 and sum(phases.values()) == 1.0, phases
+    conditions = {
+        labels["condition"]: v
+        for n, labels, v in scraped
+        if n == "torchflex_job_condition" and labels.items() >= mine.items()
+    }
+    assert conditions["MinAvailable"] == 1.0, conditions
 
     lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
     assert lines, log_path.read_text()[-2000:]

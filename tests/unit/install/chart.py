@@ -62,7 +62,13 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "monitoring": {
         "metrics": {
-            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}, "interval": "30s"}
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}, "interval": "30s"},
+            "prometheusRule": {
+                "enabled": True,
+                "labels": {"release": "prom"},
+                "alertLabels": {"team": "ml-platform"},
+            },
+            "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
         }
     },
     "worker-rbac": {

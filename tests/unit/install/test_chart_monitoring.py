@@ -28,5 +28,7 @@ def test_service_monitor_selects_the_metrics_service_and_port() -> None:
     # Nothing else the release makes is a Service it could pick up by mistake.
     assert len(find(docs, "Service")) == 1
     port_names = [p["name"] for p in service["spec"]["ports"]]
-    assert spec["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    assert spec["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "honorLabels": True, "interval": "30s"}
+    ]
     assert "metrics" in port_names

@@ -52,6 +52,26 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     ("lease too short", {"leaderElection": {"leaseDurationSeconds": 1}}, ["/leaderElection"]),
     (
+        "alert rules without metrics",
+        {"metrics": {"enabled": False, "prometheusRule": {"enabled": True}}},
+        ["metrics.prometheusRule.enabled needs metrics.enabled"],
+    ),
+    (
+        "alert duration",
+        {"metrics": {"prometheusRule": {"belowMinimumFor": "five minutes"}}},
+        ["/metrics/prometheusRule/belowMinimumFor"],
+    ),
+    (
+        "alert replacements",
+        {"metrics": {"prometheusRule": {"replacements": 0}}},
+        ["/metrics/prometheusRule/replacements", "minimum"],
+    ),
+    (
+        "dashboard label value",
+        {"metrics": {"grafanaDashboard": {"labels": {"grafana_dashboard": 1}}}},
+        ["/metrics/grafanaDashboard/labels/grafana_dashboard"],
+    ),
+    (
         "servicemonitor without metrics",
         {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
         ["metrics.serviceMonitor.enabled needs metrics.enabled"],

@@ -11,6 +11,7 @@ import prometheus_client as prom
 import pytest
 
 from torchflex_contract.labels import Annotation
+from torchflex_operator.model.vocabulary import Phase
 from torchflex_operator.planning.rules.defaulting import replicas_patch
 from torchflex_operator.runtime.logsetup import CURRENT_JOB, JobLogFilter
 from torchflex_operator.runtime.metrics import Metrics
@@ -93,6 +94,64 @@ def test_metric_families_have_codes_queue_and_per_job_counters_and_no_created() 
     assert "torchflex_workqueue_queue_duration_seconds_count 0.0" in lines
     del jobs[("ns", "a")]  # a deleted job's series go with it
     assert not [line for line in exposition(metrics) if 'name="a"' in line]
+
+
+def test_per_job_sizes_progress_phase_and_conditions_from_the_job_objects() -> None:
+    metrics = Metrics()
+    restarting = {
+        "spec": {"minReplicas": 2, "maxReplicas": 4},
+        "status": {
+            "phase": "Restarting",
+            "readyReplicas": 1,
+            "desiredReplicas": 4,
+            "worldSize": 2,
+            "rendezvousRound": 3,
+            "progress": {"step": 120, "stepsPerSecond": 9.5, "checkpointStep": 110},
+            "conditions": [
+                {"type": "MinAvailable", "status": "False", "reason": "BelowMinReplicas"},
+                {"type": "RendezvousStoreReachable", "status": "True"},
+                {"type": "Training", "status": "Unknown"},
+                {"type": "SomeoneElses", "status": "True"},
+            ],
+        },
+    }
+    jobs: dict[tuple[str, str], dict[str, Any]] = {
+        ("ns", "a"): restarting,
+        ("ns", "b"): {"spec": {"minReplicas": 1, "maxReplicas": True}, "status": {"phase": "X"}},
+    }
+    metrics.instrument(WorkQueue(), lambda: jobs)
+    lines = exposition(metrics)
+    a = '{name="a",namespace="ns"}'
+    for sample in (
+        f"torchflex_job_min_replicas{a} 2.0",
+        f"torchflex_job_max_replicas{a} 4.0",
+        f"torchflex_job_ready_replicas{a} 1.0",
+        f"torchflex_job_desired_replicas{a} 4.0",
+        f"torchflex_job_world_size{a} 2.0",
+        f"torchflex_job_rendezvous_round{a} 3.0",
+        f"torchflex_job_step{a} 120.0",
+        f"torchflex_job_steps_per_second{a} 9.5",
+        f"torchflex_job_checkpoint_step{a} 110.0",
+        'torchflex_job_phase{name="a",namespace="ns",phase="Restarting"} 1.0',
+        'torchflex_job_phase{name="a",namespace="ns",phase="Running"} 0.0',
+        'torchflex_job_condition{condition="MinAvailable",name="a",namespace="ns"} 0.0',
+        'torchflex_job_condition{condition="RendezvousStoreReachable",name="a",namespace="ns"} 1.0',
+    ):
+        assert sample in lines, sample
+    # One sample per phase of the closed vocabulary; Unknown and foreign conditions none.
+    phases = [ln for ln in lines if ln.startswith("torchflex_job_phase{")]
+    assert len(phases) == len(Phase)
+    conditions = [ln for ln in lines if ln.startswith("torchflex_job_condition{")]
+    assert len(conditions) == 2
+    # Job b: an unknown phase and a value of the wrong type publish nothing, never a guess.
+    b_lines = [ln for ln in lines if 'name="b"' in ln and not ln.startswith("#")]
+    assert sorted(ln.split("{")[0] for ln in b_lines) == [
+        "torchflex_job_failures_total",
+        "torchflex_job_min_replicas",
+        "torchflex_job_replacements_total",
+        "torchflex_job_restarts_total",
+    ]
+    assert "# TYPE torchflex_job_phase gauge" in lines
 
 
 def test_workqueue_depth_counts_due_keys_and_latency_is_observed() -> None:
