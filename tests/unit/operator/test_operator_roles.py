@@ -26,6 +26,7 @@ from tests.unit.operator.factories import (
 )
 from torchflex_contract.roles import Coupling
 from torchflex_operator.model.errors import InvalidSpecError
+from torchflex_operator.model.observed import Observed, PodView
 from torchflex_operator.model.roles import FailureScope
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec
@@ -240,3 +241,107 @@ def test_spec_replicas_is_written_for_the_scale_role(
 ) -> None:
     patch = replicas_patch(roles_obj(*roles, **spec))
     assert patch is not None and patch["spec"] == {"replicas": want}
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    container = pod["spec"]["containers"][0]
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def test_each_role_gets_its_pods_labels_env_and_template() -> None:
+    job = roles_job(coupling="Joint")
+    trainer, reader = (
+        builders.worker_pod(view, i, GANG) for view, i in zip(job.role_views(), (1, 3), strict=True)
+    )
+    assert (trainer["metadata"]["name"], reader["metadata"]["name"]) == (
+        "demo-trainer-1",
+        "demo-reader-3",
+    )
+    for pod, name in ((trainer, "trainer"), (reader, "reader")):
+        assert pod["metadata"]["labels"]["torchflex.io/role"] == "worker"
+        assert pod["metadata"]["labels"]["torchflex.io/training-role"] == name
+        assert pod["spec"]["hostname"] == pod["metadata"]["name"]
+        assert pod["spec"]["subdomain"] == "demo-workers"  # one headless Service for all
+        assert pod["spec"]["schedulingGroup"] == {"podGroupName": f"demo-{name}"}
+    t, r = env_of(trainer), env_of(reader)
+    assert (t["TORCHFLEX_ROLE"], r["TORCHFLEX_ROLE"]) == ("trainer", "reader")
+    assert t["TORCHFLEX_COUPLING"] == r["TORCHFLEX_COUPLING"] == "Joint"
+    assert t["TORCHFLEX_ROLE_SIZES"] == r["TORCHFLEX_ROLE_SIZES"] == "trainer=2:2,reader=1:4"
+    assert (t["TORCHFLEX_NNODES"], r["TORCHFLEX_NNODES"]) == ("2:2", "1:4")
+    assert (t["TORCHFLEX_NPROC_PER_NODE"], r["TORCHFLEX_NPROC_PER_NODE"]) == ("auto", "2")
+    assert t["TORCHFLEX_RDZV_ID"] == r["TORCHFLEX_RDZV_ID"] == job.rdzv_id
+    assert t["TORCHFLEX_REPLICA_INDEX"] == "1"
+    assert reader["spec"]["containers"][0]["command"][-2:] == ["python", "read.py"]
+    # A single-role job's pods carry none of the role variables or the label.
+    single = builders.worker_pod(JobSpec.parse(job_obj()), 0, GANG)
+    assert not {"TORCHFLEX_ROLE", "TORCHFLEX_COUPLING", "TORCHFLEX_ROLE_SIZES"} & set(
+        env_of(single)
+    )
+    assert "torchflex.io/training-role" not in single["metadata"]["labels"]
+
+
+def test_a_multi_role_job_is_built_role_by_role_only() -> None:
+    job = roles_job()
+    with pytest.raises(ValueError, match="role_view"):
+        builders.worker_pod(job, 0, GANG)
+    with pytest.raises(ValueError, match="role_view"):
+        builders.worker_pod(job.role_view("trainer"), 0, GANG, role="reader")
+
+
+def hashes(obj: dict[str, Any]) -> dict[str, str]:
+    return {v.role: builders.template_hash(v) for v in JobSpec.parse(obj).role_views()}
+
+
+def test_the_spec_hash_is_per_role() -> None:
+    base = hashes(roles_obj())
+    assert base["trainer"] != base["reader"]
+    # The reader's template rolls readers only; spec.replicas rolls nothing.
+    edited = roles_obj(role("trainer", 2, 2), role("reader", 1, 4, "read2.py", nprocPerNode=2))
+    changed = hashes(edited)
+    assert changed["trainer"] == base["trainer"] and changed["reader"] != base["reader"]
+    assert hashes(roles_obj(replicas=2)) == base
+    reader_scaled = roles_obj(
+        role("trainer", 2, 2), role("reader", 1, 4, "read.py", replicas=2, nprocPerNode=2)
+    )
+    assert hashes(reader_scaled) == base
+    # A range or the coupling is in every role's env: every role rolls.
+    wider = roles_obj(role("trainer", 2, 2), role("reader", 1, 5, "read.py", nprocPerNode=2))
+    for changed in (hashes(wider), hashes(roles_obj(coupling="Joint"))):
+        assert changed["trainer"] != base["trainer"] and changed["reader"] != base["reader"]
+    # The pod carries the hash of its role.
+    view = JobSpec.parse(roles_obj()).role_view("reader")
+    pod = builders.worker_pod(view, 0, GANG)
+    assert pod["metadata"]["annotations"]["torchflex.io/spec-hash"] == base["reader"]
+
+
+def test_each_role_has_its_budget_and_gang() -> None:
+    trainer, reader = roles_job().role_views()
+    for view, name, minimum in ((trainer, "demo-trainer", 2), (reader, "demo-reader", 1)):
+        budget = pdb.pod_disruption_budget(view)
+        assert budget["metadata"]["name"] == pdb.budget_name(view) == name
+        assert budget["spec"]["minAvailable"] == minimum
+        assert budget["spec"]["selector"]["matchLabels"] == {
+            "torchflex.io/job-name": "demo",
+            "torchflex.io/role": "worker",
+            "torchflex.io/training-role": view.role,
+        }
+        group = podgroup.pod_group(view)
+        assert group["metadata"]["name"] == podgroup.pod_group_name(view) == name
+        assert podgroup.min_count(group) == minimum
+        assert group["metadata"]["labels"]["torchflex.io/training-role"] == view.role
+
+
+def test_a_role_pod_is_observed_in_its_group() -> None:
+    job = roles_job()
+    pods = [
+        PodView.from_pod(builders.worker_pod(view, 0, GANG) | {"status": {}})
+        for view in job.role_views()
+    ]
+    assert [p.group for p in pods] == ["trainer", "reader"]
+    groups = Observed(pods=tuple(pods)).groups()
+    assert {k: [p.name for p in v] for k, v in groups.items()} == {
+        "trainer": ["demo-trainer-0"],
+        "reader": ["demo-reader-0"],
+    }
+    single = PodView.from_pod(builders.worker_pod(JobSpec.parse(job_obj()), 0, GANG))
+    assert single.group == "worker" and single.training_role is None
