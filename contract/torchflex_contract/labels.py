@@ -105,6 +105,10 @@ def network_policy_name(job: str) -> str:
     return f"{job}-isolation"
 
 
-def worker_selector(job: str) -> str:
-    """Label selector of a job's worker pods (``status.selector``, scale subresource)."""
-    return f"{Label.JOB_NAME}={job},{Label.ROLE}={PodKind.WORKER}"
+def worker_selector(job: str, training_role: str | None = None) -> str:
+    """Label selector of a job's worker pods (``status.selector``, scale subresource);
+    with ``training_role``, of that role's pods only (a multi-role job's scale role)."""
+    selector = f"{Label.JOB_NAME}={job},{Label.ROLE}={PodKind.WORKER}"
+    if training_role is None:
+        return selector
+    return f"{selector},{Label.TRAINING_ROLE}={training_role}"

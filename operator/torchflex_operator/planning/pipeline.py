@@ -94,6 +94,7 @@ CLOSING: tuple[Step, ...] = (
     lifecycle.idle,
     counts.generations,
     counts.counts,
+    counts.roles,
     training.progress,
     counts.settle_events,
     training.bound_progress,

@@ -84,6 +84,13 @@ def test_a_multi_role_job_is_accepted_not_run_and_said_so(
     assert job["status"]["phase"] == "Pending"
     # The scale subresource works: spec.replicas is the scale role's, written by the operator.
     assert job["spec"]["replicas"] == 2
+    assert [(r["name"], r["desired"], r["ready"]) for r in job["status"]["roles"]] == [
+        ("trainer", 1, 0),
+        ("reader", 2, 0),
+    ]
+    assert job["status"]["selector"].endswith(",torchflex.io/training-role=reader")
+    wide = cluster.kubectl("get", "ej", "duo", "-n", namespace, "-o", "wide").stdout
+    assert "ROLES" in wide and "trainer 0/1 reader 0/2" in wide, wide
     wait_for(
         lambda: any(r == "RolesNotRun" for r, _ in event_messages(cluster, namespace, "duo")),
         30,

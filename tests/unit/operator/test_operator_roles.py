@@ -24,6 +24,7 @@ from tests.unit.operator.factories import (
     roles_obj,
     worker,
 )
+from torchflex_contract.progress import AgentReport, AgentState
 from torchflex_contract.roles import Coupling
 from torchflex_operator.model.errors import InvalidSpecError
 from torchflex_operator.model.observed import Observed, PodView
@@ -345,3 +346,28 @@ def test_a_role_pod_is_observed_in_its_group() -> None:
     }
     single = PodView.from_pod(builders.worker_pod(JobSpec.parse(job_obj()), 0, GANG))
     assert single.group == "worker" and single.training_role is None
+
+
+def test_status_roles_say_each_role_and_the_selector_names_the_scale_role() -> None:
+    job = roles_job(scaleRole="reader", replicas=3)
+    trainer, reader = job.role_views()
+    pods = [
+        PodView.from_pod(builders.worker_pod(view, i, GANG) | {"status": {"phase": "Running"}})
+        for view, i in ((trainer, 0), (trainer, 1), (reader, 0))
+    ]
+    pods = [dataclasses.replace(p, ready=p.name != "demo-trainer-1") for p in pods]
+    reports = {"demo-reader-0": AgentReport(AgentState.RUNNING, round=4, world_size=2)}
+    result = plan(job, parsed({}), observed(*pods, reports=reports), NOW)
+    status = decided(result).to_manifest()
+    assert status["roles"] == [
+        {"name": "trainer", "desired": 2, "replicas": 2, "ready": 1, "worldSize": 0, "round": -1},
+        {"name": "reader", "desired": 3, "replicas": 1, "ready": 1, "worldSize": 2, "round": 4},
+    ]
+    assert status["roleSummary"] == "trainer 1/2 reader 1/3"
+    selector = (
+        "torchflex.io/job-name=demo,torchflex.io/role=worker,torchflex.io/training-role=reader"
+    )
+    assert status["selector"] == selector
+    # A job of one group writes neither.
+    single = decided(plan(JobSpec.parse(job_obj()), parsed({}), observed(), NOW)).to_manifest()
+    assert "roles" not in single and "roleSummary" not in single
