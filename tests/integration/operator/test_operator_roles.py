@@ -7,12 +7,15 @@ nodes, and none may be created.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e.cluster import Cluster
+from tests.integration.operator.conftest import TEST_SETTINGS
 from tests.integration.operator.jobs import (
     KWOK_TOLERATION,
     SLEEP,
@@ -26,6 +29,8 @@ from tests.integration.operator.jobs import (
 )
 from tests.support import wait_for
 from torchflex_contract import labels
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.render import builders, pdb
 from torchflex_operator.runtime.reconcile import Reconciler
 
 pytestmark = pytest.mark.cluster
@@ -101,3 +106,28 @@ def test_a_multi_role_job_is_accepted_not_run_and_said_so(
     notes = [m for r, m in event_messages(cluster, namespace, "duo") if r == "RolesNotRun"]
     assert len(notes) == 1 and "spec.roles" in notes[0], notes
     assert len(live_workers(cluster, namespace, "single")) == 1
+
+
+def test_each_role_s_pods_and_budget_are_valid_objects_for_the_api_server(
+    cluster: Cluster, namespace: str, crd: None, tmp_path: Path
+) -> None:
+    # Built by the pod builder the planner will use once roles run: the API server's own
+    # validation (names, hostnames, labels, env) accepts every one (dry run: nothing made).
+    # The longest name the CRD lets these roles have: both highest pods are 63 characters.
+    obj = roles_job("a-two-role-job-named-with-fifty-three-characters-abcd")
+    obj["metadata"] |= {"namespace": namespace, "uid": "0123456789abcdef"}
+    obj["spec"]["roles"][1]["maxReplicas"] = 100
+    job = JobSpec.parse(obj)
+    made = []
+    for view in job.role_views():
+        made.append(builders.worker_pod(view, view.max_replicas - 1, TEST_SETTINGS))
+        made.append(pdb.pod_disruption_budget(view))
+    for manifest in made:
+        manifest["metadata"].pop("ownerReferences")  # the job is not in the API server
+        path = tmp_path / f"{manifest['metadata']['name']}.json"
+        path.write_text(json.dumps(manifest))
+        out = cluster.kubectl("create", "--dry-run=server", "-f", str(path), check=False)
+        assert out.returncode == 0, out.stderr
+    names = [m["metadata"]["name"] for m in made]
+    assert names[0].endswith("-trainer-0") and names[2].endswith("-reader-99")
+    assert [len(n) for n in names[::2]] == [63, 63]
