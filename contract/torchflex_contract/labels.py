@@ -27,6 +27,11 @@ class Label(enum.StrEnum):
     ROLE = "torchflex.io/role"
     REPLICA_INDEX = "torchflex.io/replica-index"
     MANAGED_BY = "app.kubernetes.io/managed-by"
+    TRAINING_ROLE = "torchflex.io/training-role"
+    """On the worker pods of a multi-role job (``spec.roles``) only: the pod's training
+    role (its worker group), distinct from ``ROLE``, which stays the pod kind
+    (``worker``) so that selectors, the headless Service and the NetworkPolicy keep
+    working. A job of one group's pods carry none (their group is ``WORKER_ROLE``)."""
     STANDBY = "torchflex.io/standby"
     """On warm spares only, mirroring ``Annotation.STANDBY`` (``"true"``, set to
     ``"false"`` by the same patch that promotes one): selectors such as the job's
@@ -48,9 +53,10 @@ class PodKind(enum.StrEnum):
 
 WORKER_ROLE: Final = "worker"
 """The training role of a job's one worker group: a group of worker pods (kind
-``WORKER``) started from one template. A job has this one role today; the operator's
-planner and pod builders take the role as a parameter, so more groups are a later
-change of the spec, not of their shape."""
+``WORKER``) started from one template. A job without ``spec.roles`` has this one role;
+a multi-role job's roles are named by its spec (``torchflex_contract.roles``; this
+name is reserved there) and its pods labelled ``Label.TRAINING_ROLE``. The operator's
+planner and pod builders take the role as a parameter."""
 
 
 class Annotation(enum.StrEnum):
@@ -99,6 +105,10 @@ def network_policy_name(job: str) -> str:
     return f"{job}-isolation"
 
 
-def worker_selector(job: str) -> str:
-    """Label selector of a job's worker pods (``status.selector``, scale subresource)."""
-    return f"{Label.JOB_NAME}={job},{Label.ROLE}={PodKind.WORKER}"
+def worker_selector(job: str, training_role: str | None = None) -> str:
+    """Label selector of a job's worker pods (``status.selector``, scale subresource);
+    with ``training_role``, of that role's pods only (a multi-role job's scale role)."""
+    selector = f"{Label.JOB_NAME}={job},{Label.ROLE}={PodKind.WORKER}"
+    if training_role is None:
+        return selector
+    return f"{selector},{Label.TRAINING_ROLE}={training_role}"

@@ -44,12 +44,16 @@ class PodView:
     standby: bool = False
     """``torchflex.io/standby`` is ``"true"``: a warm spare, not a member
     (``planning.steps.spares``)."""
+    training_role: str | None = None
+    """``torchflex.io/training-role``: the role of a multi-role job's worker pod."""
 
     @property
     def group(self) -> str | None:
-        """The training role of a worker pod (its worker group); None for other kinds.
-        One group today (``labels.WORKER_ROLE``): a later multi-role job reads it here."""
-        return labels.WORKER_ROLE if self.role == labels.PodKind.WORKER else None
+        """The training role of a worker pod (its worker group); None for other kinds:
+        its ``torchflex.io/training-role``, else the one group's ``labels.WORKER_ROLE``."""
+        if self.role != labels.PodKind.WORKER:
+            return None
+        return self.training_role or labels.WORKER_ROLE
 
     @property
     def terminating(self) -> bool:
@@ -124,6 +128,7 @@ class PodView:
             spec_hash=(meta.get("annotations") or {}).get(labels.Annotation.SPEC_HASH),
             standby=(meta.get("annotations") or {}).get(labels.Annotation.STANDBY)
             == env.STANDBY_TRUE,
+            training_role=pod_labels.get(labels.Label.TRAINING_ROLE) or None,
         )
 
 

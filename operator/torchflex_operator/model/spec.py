@@ -16,9 +16,11 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from torchflex_contract import env
+from torchflex_contract import env, labels
 from torchflex_contract.rendezvous_backends import DEFAULT_BACKEND, SPEC_BACKENDS, RendezvousBackend
+from torchflex_contract.roles import Coupling, RoleSize
 from torchflex_operator.model.errors import InvalidSpecError
+from torchflex_operator.model.roles import RoleSpec, check_role_refs, parse_roles
 from torchflex_operator.model.vocabulary import KueueLabel
 
 DEFAULT_BACKOFF_LIMIT = 6
@@ -102,10 +104,79 @@ class JobSpec:
     hang_timeout_s: int | None = None
     """``spec.hangTimeoutSeconds``: seconds without progress before the agents declare
     a hang (0: off); None: the agents derive it from the job's step time."""
+    roles: tuple[RoleSpec, ...] = ()
+    """``spec.roles``: a multi-role job's roles in spec order; empty for a job of one
+    worker group (``WORKER_ROLE``), whose fields are the top-level ones. For a multi-role
+    job the top-level ``min_replicas``/``max_replicas`` are the sums of the roles' and
+    ``template``/``nproc_per_node`` the first role's (the store pod is placed like it);
+    ``role_view`` gives one role as a job of one group."""
+    coupling: Coupling = Coupling.INDEPENDENT
+    scale_role: str | None = None
+    """``spec.scaleRole`` (multi-role only): the role ``spec.replicas`` drives; the first
+    role when absent (``scale_role_name``)."""
+    completion_role: str | None = None
+    """``spec.completionRole`` (multi-role only): the role whose completion completes the
+    job; the first role when absent (``completion_role_name``)."""
+    role: str = labels.WORKER_ROLE
+    """The training role this value describes: ``WORKER_ROLE`` for a single-role job and
+    for the whole of a multi-role job, a role's name in a ``role_view``."""
+
+    @property
+    def multi_role(self) -> bool:
+        return bool(self.roles)
+
+    @property
+    def scale_role_name(self) -> str:
+        """The role ``spec.replicas`` (``kubectl scale``, HPA) drives."""
+        if not self.roles:
+            return labels.WORKER_ROLE
+        return self.scale_role or self.roles[0].name
+
+    @property
+    def completion_role_name(self) -> str:
+        """The role whose final round exiting 0 completes the job."""
+        if not self.roles:
+            return labels.WORKER_ROLE
+        return self.completion_role or self.roles[0].name
+
+    @property
+    def role_sizes(self) -> tuple[RoleSize, ...]:
+        """Every role's range in spec order (what ``env.ROLE_SIZES`` carries)."""
+        return tuple(RoleSize(r.name, r.min_replicas, r.max_replicas) for r in self.roles)
+
+    def role_view(self, name: str) -> JobSpec:
+        """Role ``name`` of a multi-role job as a job of one group: its template, range,
+        nprocPerNode and desired count (``spec.replicas`` for the scale role, else the
+        role's own ``replicas``, else its ``maxReplicas``); ``roles`` stays, so the pod
+        builder can write every role's range."""
+        spec = next((r for r in self.roles if r.name == name), None)
+        if spec is None:
+            raise KeyError(f"no role {name!r} in spec.roles")
+        scaled = name == self.scale_role_name and self.replicas is not None
+        replicas = self.replicas if scaled else spec.replicas
+        return dataclasses.replace(
+            self,
+            role=name,
+            min_replicas=spec.min_replicas,
+            max_replicas=spec.max_replicas,
+            replicas=replicas,
+            nproc_per_node=spec.nproc_per_node,
+            template=spec.template,
+        )
+
+    def role_views(self) -> tuple[JobSpec, ...]:
+        """Each worker group of the job as a job of one group, in spec order: the job
+        itself when it has no ``spec.roles``."""
+        if not self.roles:
+            return (self,)
+        return tuple(self.role_view(r.name) for r in self.roles)
 
     @property
     def desired(self) -> int:
-        """``spec.replicas`` clamped to ``[min, max]``; absent means ``max``."""
+        """``spec.replicas`` clamped to ``[min, max]``; absent means ``max``. The whole of
+        a multi-role job: the sum of its roles' (``role_view``)."""
+        if self.roles and self.role == labels.WORKER_ROLE:
+            return sum(view.desired for view in self.role_views())
         wanted = self.max_replicas if self.replicas is None else self.replicas
         return max(self.min_replicas, min(self.max_replicas, wanted))
 
@@ -119,8 +190,7 @@ class JobSpec:
         meta = obj.get("metadata") or {}
         spec = obj.get("spec") or {}
         try:
-            min_r = int(spec.get("minReplicas", 1))
-            max_r = int(spec.get("maxReplicas", min_r))
+            roles, min_r, max_r, template, nproc = _groups(spec)
             replicas = spec.get("replicas")
             rdzv_raw = spec.get("rendezvous") or {}
             backend = rdzv_raw.get("backend", DEFAULT_BACKEND)
@@ -147,14 +217,14 @@ class JobSpec:
                 min_replicas=min_r,
                 max_replicas=max_r,
                 replicas=None if replicas is None else int(replicas),
-                nproc_per_node=str(spec.get("nprocPerNode", "auto")),
+                nproc_per_node=nproc,
                 rendezvous=rdzv,
                 max_restarts=int(spec.get("maxRestarts", DEFAULT_MAX_RESTARTS)),
                 backoff_limit=int(spec.get("backoffLimit", DEFAULT_BACKOFF_LIMIT)),
                 min_available_timeout_s=int(
                     spec.get("minAvailableTimeoutSeconds", DEFAULT_MIN_AVAILABLE_TIMEOUT_S)
                 ),
-                template=spec.get("template") or {},
+                template=template,
                 suspend=bool(spec.get("suspend", False)),
                 ttl_seconds_after_finished=None if ttl is None else int(ttl),
                 active_deadline_s=None if deadline is None else int(deadline),
@@ -172,9 +242,26 @@ class JobSpec:
                 hang_timeout_s=None if hang is None else int(hang),
                 straggler_policy=StragglerPolicy(spec.get("stragglerPolicy", "Ignore")),
                 node_check=bool((spec.get("nodeCheck") or {}).get("enabled", False)),
+                roles=roles,
+                coupling=Coupling(spec.get("coupling", Coupling.INDEPENDENT)),
+                scale_role=spec.get("scaleRole"),
+                completion_role=spec.get("completionRole"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidSpecError(f"invalid ElasticJob spec: {exc}") from exc
+        if job.roles:
+            check_role_refs(
+                job.roles,
+                scale_role=job.scale_role,
+                completion_role=job.completion_role,
+                queued=job.queue_name is not None,
+            )
+            if job.warm_spares:
+                raise InvalidSpecError("spec.warmSpares is not supported with spec.roles")
+        elif job.scale_role or job.completion_role or "coupling" in spec:
+            raise InvalidSpecError(
+                "spec.coupling, spec.scaleRole and spec.completionRole need spec.roles"
+            )
         if job.min_replicas < 1 or job.max_replicas < job.min_replicas:
             raise InvalidSpecError("need 1 <= spec.minReplicas <= spec.maxReplicas")
         if job.warm_spares < 0:
@@ -190,3 +277,24 @@ class JobSpec:
         ):
             raise InvalidSpecError("spec.rendezvous.endpoint is required for backend etcd")
         return job
+
+
+def _groups(
+    spec: Mapping[str, Any],
+) -> tuple[tuple[RoleSpec, ...], int, int, Mapping[str, Any], str]:
+    """(roles, minReplicas, maxReplicas, template, nprocPerNode) of ``JobSpec``: the
+    top-level fields of a job of one group; with ``spec.roles``, the roles' ranges summed
+    and the first role's template and process count."""
+    if "roles" not in spec:
+        min_r = int(spec.get("minReplicas", 1))
+        max_r = int(spec.get("maxReplicas", min_r))
+        return (), min_r, max_r, spec.get("template") or {}, str(spec.get("nprocPerNode", "auto"))
+    roles = parse_roles(spec["roles"])
+    if any(k in spec for k in ("template", "minReplicas", "maxReplicas")):
+        raise InvalidSpecError(
+            "spec.roles is mutually exclusive with spec.template, "
+            "spec.minReplicas and spec.maxReplicas"
+        )
+    min_r = sum(r.min_replicas for r in roles)
+    max_r = sum(r.max_replicas for r in roles)
+    return roles, min_r, max_r, roles[0].template, roles[0].nproc_per_node

@@ -328,6 +328,22 @@ class PendingEvent(Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class RoleStatus(Record):
+    """One role of a multi-role job (``status.roles``)."""
+
+    name: str = ""
+    desired: int | None = None
+    """The role's desired pods (``JobSpec.role_view``)."""
+    replicas: int | None = None
+    """Its worker pods that exist and are neither terminating nor finished."""
+    ready: int | None = None
+    world_size: int | None = None
+    """Worker processes in its latest round, as its agents report it."""
+    round: int | None = None
+    """Its latest rendezvous round an agent reported (-1 before the first)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class JobStatus(Record):
     """``ElasticJob.status``; docs/api.md and the CRD schema describe each field."""
 
@@ -369,6 +385,11 @@ class JobStatus(Record):
     progress: TrainingProgress | None = None
     rank0_pod: str | None = None
     gang_scheduling: GangScheduling | None = None
+    roles: tuple[RoleStatus, ...] | None = None
+    """A multi-role job's roles, in spec order (absent for a job of one group)."""
+    role_summary: str | None = None
+    """``status.roles`` in a line for ``kubectl get -o wide``: ``trainer 2/2 reader 1/3``
+    (ready/desired per role)."""
 
     def to_patch(self, old: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch turning the written ``old`` into this status; ``{}``: unchanged."""

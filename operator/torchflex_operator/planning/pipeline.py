@@ -48,6 +48,8 @@ Step = Callable[[Ctx, Draft], Draft]
 FINISHED: tuple[Step, ...] = (lifecycle.cleanup, spares.retire)
 """A job that finished in an earlier pass: clean up, then TTL."""
 SUSPENDED: tuple[Step, ...] = (lifecycle.suspend,)
+ROLES_NOT_RUN: tuple[Step, ...] = (lifecycle.roles_not_run,)
+"""A multi-role job (``spec.roles``): accepted by the API, not run yet."""
 HELD: tuple[Step, ...] = (lifecycle.hold,)
 """Kueue holds the queued job (waiting for admission, or evicted)."""
 OPENING: tuple[Step, ...] = (
@@ -92,6 +94,7 @@ CLOSING: tuple[Step, ...] = (
     lifecycle.idle,
     counts.generations,
     counts.counts,
+    counts.roles,
     training.progress,
     counts.settle_events,
     training.bound_progress,
@@ -112,6 +115,8 @@ def _run(ctx: Ctx, d: Draft) -> Draft:
     prior = ctx.prior_phase
     if prior is not None and prior.finished:
         return fold(ctx, d, FINISHED)
+    if ctx.job.multi_role:
+        return fold(ctx, d, ROLES_NOT_RUN)
     if ctx.job.suspend:
         return fold(ctx, d, SUSPENDED)
     if ctx.obs.queue is not None and ctx.obs.queue.holds:

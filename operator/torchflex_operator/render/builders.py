@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from torchflex_contract import env, labels
 from torchflex_contract.labels import Annotation, PodKind
+from torchflex_contract.roles import format_role_sizes
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec, SharedMemory
 from torchflex_operator.model.vocabulary import GangScheduling
@@ -28,6 +29,7 @@ from torchflex_operator.render.manifests import (
     headless_service,
     object_labels,
     owner_ref,
+    role_labels,
     safe_to_evict,
     trainer_container,
 )
@@ -58,6 +60,12 @@ def template_hash(job: JobSpec) -> str:
     # existed keeps its hash, so an operator upgrade rolls none of its pods.
     if job.shared_memory != SharedMemory():
         baked["sharedMemory"] = dataclasses.asdict(job.shared_memory)
+    if job.roles:
+        # A role view (``JobSpec.role_view``): template, range and nprocPerNode above are
+        # the role's; every role's range and the coupling are in each pod's env too.
+        baked["role"] = job.role
+        baked["coupling"] = job.coupling.value
+        baked["roleSizes"] = format_role_sizes(job.role_sizes)
     raw = json.dumps(baked, sort_keys=True, default=str).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -107,6 +115,10 @@ def contract_env(job: JobSpec, index: int, container: Manifest) -> list[Manifest
         # Leave the agent a margin before the kubelet's SIGKILL.
         lit(env.TERMINATION_GRACE, max(1, grace - env.TERMINATION_GRACE_MARGIN_S)),
     ]
+    if job.roles:  # a role view: NNODES and NPROC_PER_NODE above are the role's
+        out.append(lit(env.ROLE, job.role))
+        out.append(lit(env.COUPLING, job.coupling.value))
+        out.append(lit(env.ROLE_SIZES, format_role_sizes(job.role_sizes)))
     if job.hang_timeout_s is not None:  # unset: the agent derives it (and the spec hash stays)
         out.append(lit(env.HANG_TIMEOUT, job.hang_timeout_s))
     if job.node_check:
@@ -220,12 +232,16 @@ def worker_pod(
     settings: Settings,
     *,
     spare: bool = False,
-    role: str = labels.WORKER_ROLE,
+    role: str | None = None,
     avoid: Sequence[str] = (),
 ) -> Manifest:
-    """Worker pod ``index`` of training role ``role`` (the job's one worker group today);
-    ``spare``: a warm spare (``planning.steps.spares``), the standby annotation and its file added
-    (nothing the spec hash covers changes)."""
+    """Worker pod ``index`` of training role ``role`` (default ``job.role``: a job of one
+    group's ``WORKER_ROLE``, or the role of a ``JobSpec.role_view``, whose template, range
+    and env it gets); ``spare``: a warm spare (``planning.steps.spares``), the standby
+    annotation and its file added (nothing the spec hash covers changes)."""
+    role = role or job.role
+    if job.roles and (job.role == labels.WORKER_ROLE or role != job.role):
+        raise ValueError("role r of a multi-role job is built from job.role_view(r)")
     template = copy.deepcopy(dict(job.template))
     meta = dict(template.get("metadata") or {})
     pod_spec: Manifest = dict(template.get("spec") or {})
@@ -256,7 +272,11 @@ def worker_pod(
     _keep_off(pod_spec, avoid)
     if settings.gang_scheduling is GangScheduling.ENABLED:
         pod_spec["schedulingGroup"] = podgroup.scheduling_group(job)
-    pod_labels = {**(meta.get("labels") or {}), **object_labels(job, PodKind.WORKER, index)}
+    pod_labels = {
+        **(meta.get("labels") or {}),
+        **object_labels(job, PodKind.WORKER, index),
+        **role_labels(job),
+    }
     annotations = {
         **safe_to_evict(PodKind.WORKER),  # a template's own value wins
         **(meta.get("annotations") or {}),

@@ -43,6 +43,20 @@ def object_labels(job: JobSpec, kind: PodKind, index: int | None = None) -> dict
     return out
 
 
+def role_labels(job: JobSpec) -> dict[str, str]:
+    """The training-role label of what belongs to one role of a multi-role job (a
+    ``JobSpec.role_view``): its pods, budget and PodGroup; none for a job of one group."""
+    if not job.roles:
+        return {}
+    return {Label.TRAINING_ROLE.value: job.role}
+
+
+def role_object_name(job: JobSpec) -> str:
+    """The name of an object a job owns once per worker group (budget, PodGroup): the
+    job's name for a job of one group, ``<job>-<role>`` for a role of a multi-role job."""
+    return f"{job.name}-{job.role}" if job.roles else job.name
+
+
 def safe_to_evict(kind: PodKind) -> dict[str, str]:
     """cluster-autoscaler's annotation for a pod of ``kind``: workers may be drained
     (the job's PodDisruptionBudget holds its minimum), the store and etcd pods not

@@ -38,7 +38,13 @@ from torchflex_contract.env import STANDBY_TRUE
 from torchflex_contract.labels import Label, PodKind
 from torchflex_operator.model.errors import NotOursError
 from torchflex_operator.model.spec import JobSpec
-from torchflex_operator.render.manifests import Manifest, object_labels, owner_ref
+from torchflex_operator.render.manifests import (
+    Manifest,
+    object_labels,
+    owner_ref,
+    role_labels,
+    role_object_name,
+)
 
 API_VERSION = "policy/v1"
 KIND = "PodDisruptionBudget"
@@ -49,15 +55,21 @@ _OWNED = ("minAvailable", "selector", "unhealthyPodEvictionPolicy")
 
 
 def budget_name(job: JobSpec) -> str:
-    """The job's budget is named like the job (``kubectl get pdb <job>``)."""
-    return job.name
+    """The job's budget is named like the job (``kubectl get pdb <job>``); each role of a
+    multi-role job has its own, ``<job>-<role>``."""
+    return role_object_name(job)
 
 
 def pod_disruption_budget(job: JobSpec) -> Manifest:
     """The job's PodDisruptionBudget: at least ``minReplicas`` Ready workers through
-    any eviction, owned by the job."""
+    any eviction, owned by the job. For a role view (``JobSpec.role_view``): the role's
+    pods and the role's minimum."""
     selector: Manifest = {
-        "matchLabels": {Label.JOB_NAME.value: job.name, Label.ROLE.value: PodKind.WORKER.value}
+        "matchLabels": {
+            Label.JOB_NAME.value: job.name,
+            Label.ROLE.value: PodKind.WORKER.value,
+            **role_labels(job),
+        }
     }
     if job.warm_spares:
         # A Ready warm spare is no member: counted, it would let a drain take the
@@ -71,7 +83,7 @@ def pod_disruption_budget(job: JobSpec) -> Manifest:
         "metadata": {
             "name": budget_name(job),
             "namespace": job.namespace,
-            "labels": object_labels(job, PodKind.WORKER),
+            "labels": {**object_labels(job, PodKind.WORKER), **role_labels(job)},
             "ownerReferences": [owner_ref(job)],
         },
         "spec": {

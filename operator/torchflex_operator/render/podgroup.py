@@ -28,7 +28,13 @@ from torchflex_contract.labels import PodKind
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.vocabulary import GangScheduling
-from torchflex_operator.render.manifests import Manifest, object_labels, owner_ref
+from torchflex_operator.render.manifests import (
+    Manifest,
+    object_labels,
+    owner_ref,
+    role_labels,
+    role_object_name,
+)
 
 GROUP = "scheduling.k8s.io"
 VERSION = "v1beta1"
@@ -38,8 +44,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 
 def pod_group_name(job: JobSpec) -> str:
-    """The job's PodGroup is named like the job (``kubectl get podgroup <job>``)."""
-    return job.name
+    """The job's PodGroup is named like the job (``kubectl get podgroup <job>``); each
+    role of a multi-role job has its own gang, ``<job>-<role>``, of the role's minimum."""
+    return role_object_name(job)
 
 
 def pod_group(job: JobSpec) -> Manifest:
@@ -51,7 +58,7 @@ def pod_group(job: JobSpec) -> Manifest:
         "metadata": {
             "name": pod_group_name(job),
             "namespace": job.namespace,
-            "labels": object_labels(job, PodKind.WORKER),
+            "labels": {**object_labels(job, PodKind.WORKER), **role_labels(job)},
             "ownerReferences": [owner_ref(job)],
         },
         "spec": {"schedulingPolicy": {"gang": {"minCount": job.min_replicas}}},

@@ -263,11 +263,14 @@ class Reconciler:
             )
             raise
         observed = await self.observe(key, now)
-        view = await self.workloads.view(key, job)
-        observed = dataclasses.replace(observed, queue=workload.gate(job, view))
+        # A multi-role job is planned as not run yet (pipeline.ROLES_NOT_RUN): no
+        # Workload, PodGroup or budget is written for it.
+        runs = not job.multi_role
+        view = await self.workloads.view(key, job) if runs else None
+        observed = dataclasses.replace(observed, queue=workload.gate(job, view) if runs else None)
         mode = await self._gang_mode()
         result = plan(job, JobStatus.parse(obj.get("status") or {}), observed, now, self.settings)
-        if result.status is not None:  # None: the job is being deleted
+        if result.status is not None and runs:  # None: the job is being deleted
             status = dataclasses.replace(result.status, gang_scheduling=mode)
             result = dataclasses.replace(result, status=status)
             finished = status.phase is not None and status.phase.finished
@@ -276,7 +279,10 @@ class Reconciler:
             )
         await self.applier.apply(key, obj, result, now)
         phase = None if result.status is None else result.status.phase
-        await self.workloads.write(key, job, view, phase=phase, pods=len(observed.pods), now=now)
+        if runs:
+            await self.workloads.write(
+                key, job, view, phase=phase, pods=len(observed.pods), now=now
+            )
         self.metrics.job_phase(key, phase)
         return self._requeue(key, result.requeue_after, observed, now)
 

@@ -125,3 +125,50 @@ def test_kubectl_explain_states_every_default_and_the_int_or_string_type(
     assert nproc["x-kubernetes-int-or-string"] is True, nproc
     assert sorted(alt["type"] for alt in nproc["anyOf"]) == ["integer", "string"], nproc
     assert nproc["default"] == "auto", nproc
+
+
+def two_role_job(name: str, **spec: Any) -> dict[str, Any]:
+    container = {"name": "trainer", "image": "img", "command": ["python", "-c", "pass"]}
+    template = {"spec": {"containers": [container]}}
+    return {
+        "apiVersion": "torchflex.io/v1alpha1",
+        "kind": "ElasticJob",
+        "metadata": {"name": name},
+        "spec": {
+            "roles": [
+                {"name": "trainer", "minReplicas": 2, "maxReplicas": 2, "template": template},
+                {"name": "reader", "minReplicas": 1, "maxReplicas": 4, "template": template},
+            ],
+            **spec,
+        },
+    }
+
+
+@pytest.mark.cluster
+def test_a_multi_role_job_is_accepted_and_scale_drives_its_scale_role(
+    cluster: Cluster, namespace: str, crd: None, tmp_path: Path
+) -> None:
+    # The longest name these roles allow: <name>-trainer-1 is 63 characters.
+    longest = "a-two-role-job-named-with-fifty-three-characters-abcd"
+    assert len(longest) == 53
+    for name, spec in (("roles-ok", {"scaleRole": "reader", "replicas": 3}), (longest, {})):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(two_role_job(name, **spec)))
+        cluster.kubectl("create", "-n", namespace, "-f", str(path))
+    path.write_text(json.dumps(two_role_job(longest + "e")))
+    out = cluster.kubectl("create", "-n", namespace, "-f", str(path), check=False)
+    assert out.returncode != 0 and "too long for the pod names" in out.stderr, out.stderr
+    job = cluster.get_json("ej", "roles-ok", "-n", namespace)
+    roles = job["spec"]["roles"]
+    assert [r["failureScope"] for r in roles] == ["Role", "Role"]
+    assert [r["nprocPerNode"] for r in roles] == ["auto", "auto"]
+    assert "coupling" not in job["spec"] and "template" not in job["spec"]
+    # kubectl scale moves spec.replicas within the scale role's range, and no further.
+    cluster.kubectl("scale", "-n", namespace, "ej/roles-ok", "--replicas=4")
+    assert cluster.get_json("ej", "roles-ok", "-n", namespace)["spec"]["replicas"] == 4
+    out = cluster.kubectl("scale", "-n", namespace, "ej/roles-ok", "--replicas=5", check=False)
+    assert out.returncode != 0 and "scale role" in out.stderr, out.stderr
+    explained = " ".join(
+        cluster.kubectl("explain", "elasticjob.spec.roles.failureScope").stdout.split()
+    )
+    assert "Default Role" in explained, explained

@@ -46,6 +46,34 @@ def job(**spec: Any) -> JobSpec:
     return JobSpec.parse(job_obj(**spec))
 
 
+def role(name: str, lo: int, hi: int, command: str = "train.py", **fields: Any) -> dict[str, Any]:
+    """One ``spec.roles`` entry whose trainer runs ``python <command>``."""
+    container = {"name": "trainer", "image": "img", "command": ["python", command]}
+    return {
+        "name": name,
+        "minReplicas": lo,
+        "maxReplicas": hi,
+        "template": {"spec": {"containers": [container]}},
+        **fields,
+    }
+
+
+def roles_obj(*roles: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A multi-role job: trainers 2:2 and readers 1:4 unless ``roles`` are given."""
+    obj = job_obj(**spec)
+    for key in ("minReplicas", "maxReplicas", "template"):
+        obj["spec"].pop(key)
+    obj["spec"]["roles"] = list(roles) or [
+        role("trainer", 2, 2),
+        role("reader", 1, 4, "read.py", nprocPerNode=2),
+    ]
+    return obj
+
+
+def roles_job(*roles: dict[str, Any], **spec: Any) -> JobSpec:
+    return JobSpec.parse(roles_obj(*roles, **spec))
+
+
 def worker(index: int, phase: str = "Running", **kw: Any) -> PodView:
     ready = kw.pop("ready", phase == "Running")
     return PodView(

@@ -1,5 +1,7 @@
 """``spec.replicas`` made concrete: absent means ``maxReplicas``, written into the job.
 
+(With ``spec.roles``: the scale role's own ``replicas``, else its ``maxReplicas``.)
+
 Where it sits: pure; the reconciler asks ``replicas_patch`` once per pass before
 planning and, when it returns a patch, writes it with ``Kube.patch_job`` (guarded
 by the resourceVersion it read) the way a mutating webhook would have on create.
@@ -26,6 +28,8 @@ def replicas_patch(job: Mapping[str, Any]) -> dict[str, Any] | None:
     """The merge patch that materializes ``spec.replicas``, or None when none is due."""
     spec = job.get("spec") or {}
     maximum = spec.get("maxReplicas")
+    if isinstance(spec.get("roles"), list) and spec["roles"]:
+        maximum = _scale_role_maximum(spec)
     if not isinstance(maximum, int) or isinstance(maximum, bool):
         return None  # the CRD requires it; an invalid job is reported by the planner
     replicas = spec.get("replicas")
@@ -41,3 +45,12 @@ def replicas_patch(job: Mapping[str, Any]) -> dict[str, Any] | None:
     if ours is not None:  # someone else set spec.replicas: it is theirs from now on
         return {"metadata": {"annotations": {Annotation.REPLICAS_DEFAULTED.value: None}}}
     return None
+
+
+def _scale_role_maximum(spec: Mapping[str, Any]) -> Any:
+    """With ``spec.roles``, ``spec.replicas`` is the scale role's (``spec.scaleRole``, else
+    the first role): absent, it follows that role's own ``replicas``, else its maximum."""
+    name = spec.get("scaleRole")
+    roles = [r for r in spec["roles"] if isinstance(r, Mapping)]
+    chosen = next((r for r in roles if r.get("name") == name), roles[0] if roles else {})
+    return chosen.get("replicas", chosen.get("maxReplicas"))

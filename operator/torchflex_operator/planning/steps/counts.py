@@ -1,5 +1,6 @@
 """The pass's bookkeeping steps on status: the generation every condition was weighed
-against, the replica counts, and the Events the status carries until posted.
+against, the replica counts (a multi-role job's per role), and the Events the status
+carries until posted.
 
 Where it sits: pure steps ``(Ctx, Draft) -> Draft`` at the end of the planner's
 pipeline, whatever branch the pass took.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from torchflex_contract import labels
+from torchflex_operator.model.status import RoleStatus
 from torchflex_operator.planning.context import Ctx, Draft
 from torchflex_operator.planning.rules import events, rollout
 from torchflex_operator.planning.rules.failures import succeeded
@@ -39,11 +41,13 @@ def counts(ctx: Ctx, d: Draft) -> Draft:
         rnd = max(r.round for r in reports)
         world = max(r.world_size for r in reports if r.round == rnd)
         restarts = max(restarts, *(r.restarts for r in reports))
+    # With roles, the scale subresource (and so an HPA) drives the scale role's pods.
+    scaled = ctx.job.scale_role_name if ctx.job.multi_role else None
     return d.with_status(
         replicas=len(active),
         ready_replicas=sum(1 for w in active if w.ready),
         updated_replicas=sum(1 for w in active if not rollout.outdated(w, current)),
-        selector=labels.worker_selector(ctx.job.name),
+        selector=labels.worker_selector(ctx.job.name, scaled),
         observed_generation=ctx.job.generation,
         failures=s.failures or 0,
         replacements=s.replacements or 0,
@@ -60,3 +64,30 @@ def settle_events(ctx: Ctx, d: Draft) -> Draft:
     """Carry this pass's Events in the status until posted (``rules.events``)."""
     decided = [(e.type, e.reason.value, e.message) for e in d.events]
     return replace(d, status=events.settle(d.status, ctx.prior, decided, ctx.obs.posted_events))
+
+
+def roles(ctx: Ctx, d: Draft) -> Draft:
+    """``status.roles`` of a multi-role job: each role's desired count, its pods and
+    what its agents last reported (absent for a job of one group)."""
+    if not ctx.job.multi_role:
+        return d
+    out: list[RoleStatus] = []
+    for view in ctx.job.role_views():
+        pods = [w for w in ctx.obs.workers(view.role) if not w.standby]
+        active = [w for w in pods if w.active]
+        names = {w.name for w in pods}
+        reports = [r for n, r in ctx.obs.reports.items() if n in names and r.round >= 0]
+        rnd = max((r.round for r in reports), default=-1)
+        world = max((r.world_size for r in reports if r.round == rnd), default=0)
+        out.append(
+            RoleStatus(
+                name=view.role,
+                desired=view.desired,
+                replicas=len(active),
+                ready=sum(1 for w in active if w.ready),
+                world_size=world,
+                round=rnd,
+            )
+        )
+    summary = " ".join(f"{r.name} {r.ready}/{r.desired}" for r in out)
+    return d.with_status(roles=tuple(out), role_summary=summary)

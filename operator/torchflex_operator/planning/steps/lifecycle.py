@@ -162,3 +162,33 @@ def idle(ctx: Ctx, d: Draft) -> Draft:
         done = replace(succeeded, type=ConditionType.COMPLETE.value)
         d = d.with_status(conditions=(*(d.status.conditions or ()), done))
     return d
+
+
+ROLES_NOT_RUN_MESSAGE = (
+    "multi-role jobs (spec.roles) are accepted by the API but not yet run by this "
+    "operator: no pods are created (docs/api.md, Roles)"
+)
+
+
+def roles_not_run(ctx: Ctx, d: Draft) -> Draft:
+    """A multi-role job: said, once per generation, in ``Training`` and a Warning; nothing
+    is created, and a pod of the job (an older operator's) is deleted, so that no part of
+    it runs half-planned."""
+    for pod in ctx.obs.pods:
+        if not pod.terminating:
+            d = d.delete(pod)
+    cond = d.condition(ConditionType.TRAINING)
+    if (
+        cond is None
+        or cond.reason != Reason.ROLES_NOT_RUN.value
+        or cond.observed_generation != ctx.job.generation
+    ):
+        d = d.event(EventType.WARNING, EventReason.ROLES_NOT_RUN, ROLES_NOT_RUN_MESSAGE)
+    d = d.with_status(phase=Phase.PENDING)
+    return d.set_condition(
+        ctx,
+        ConditionType.TRAINING,
+        status=False,
+        reason=Reason.ROLES_NOT_RUN,
+        message=ROLES_NOT_RUN_MESSAGE,
+    )

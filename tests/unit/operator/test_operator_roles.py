@@ -1,0 +1,373 @@
+"""Multi-role jobs (spec.roles, issue 29): the spec model, what single-role jobs keep, and
+the operator's refusal to run them yet."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.unit.operator.factories import (
+    NOW,
+    decided,
+    job_obj,
+    observed,
+    parsed,
+    role,
+    roles_job,
+    roles_obj,
+    worker,
+)
+from torchflex_contract.progress import AgentReport, AgentState
+from torchflex_contract.roles import Coupling
+from torchflex_operator.model.errors import InvalidSpecError
+from torchflex_operator.model.observed import Observed, PodView
+from torchflex_operator.model.roles import FailureScope
+from torchflex_operator.model.settings import Settings
+from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.model.vocabulary import (
+    ConditionType,
+    EventReason,
+    GangScheduling,
+    Phase,
+    Reason,
+)
+from torchflex_operator.planning import plan
+from torchflex_operator.planning.rules.defaulting import replicas_patch
+from torchflex_operator.render import builders, pdb, podgroup
+
+REPO = Path(__file__).resolve().parents[3]
+GANG = dataclasses.replace(Settings(), gang_scheduling=GangScheduling.ENABLED)
+
+# Computed by the operator of main before spec.roles existed (commit eb76eff): the
+# worker pod's name, its spec hash, a digest of the whole pod manifest, and one of its
+# budget, PodGroup and Services. A single-role job must keep every one of them, or an
+# operator upgrade would roll (or rename) every running job's pods.
+GOLDEN = {
+    "elasticjob-c10d.yaml": (
+        "mnist-c10d-worker-1",
+        "31dc706af2dda7ef",
+        "d5e21129eee71fcb",
+        "d812a9e5b47c5286",
+    ),
+    "elasticjob-etcd.yaml": (
+        "mnist-etcd-worker-1",
+        "e7535737be50c1ce",
+        "27ff11c3910cf268",
+        "959eedc64052d8a8",
+    ),
+    "factory": ("demo-worker-1", "8f372d23060cab40", "ee1dbb406c31b5f8", "dd54156403cb5a7c"),
+    "factory-rich": (
+        "demo-worker-1",
+        "08ad7e34f8d2ce6f",
+        "0f5563755b79199f",
+        "f2d7127db2ab0f9b",
+    ),
+}
+
+
+def single_role_jobs() -> Iterator[tuple[str, dict[str, Any]]]:
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        for obj in yaml.safe_load_all(path.read_text()):
+            if obj and obj.get("kind") == "ElasticJob":
+                obj["metadata"]["uid"] = "0123456789abcdef"
+                yield path.name, obj
+    yield "factory", job_obj()
+    yield (
+        "factory-rich",
+        job_obj(
+            replicas=3,
+            warmSpares=1,
+            hangTimeoutSeconds=60,
+            nodeCheck={"enabled": True},
+            nprocPerNode=2,
+            rendezvous={"backend": "etcd", "endpoint": "e:2379", "tlsSecretName": "tls"},
+        ),
+    )
+
+
+def digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_single_role_jobs_keep_pod_names_spec_hash_and_every_manifest() -> None:
+    seen = {}
+    for label, obj in single_role_jobs():
+        job = JobSpec.parse(obj)
+        assert not job.multi_role and job.role_views() == (job,)
+        pod = builders.worker_pod(job, 1, GANG)
+        others = [pdb.pod_disruption_budget(job), podgroup.pod_group(job), builders.services(job)]
+        seen[label] = (
+            pod["metadata"]["name"],
+            builders.template_hash(job),
+            digest(pod),
+            digest(others),
+        )
+    assert seen == GOLDEN
+
+
+def test_a_two_role_job_parses_into_roles_and_role_views() -> None:
+    job = roles_job(coupling="Joint", scaleRole="reader", replicas=3, completionRole="trainer")
+    assert job.multi_role and job.coupling is Coupling.JOINT
+    assert [r.name for r in job.roles] == ["trainer", "reader"]
+    assert [r.failure_scope for r in job.roles] == [FailureScope.ROLE, FailureScope.ROLE]
+    trainer, reader = job.role_views()
+    assert (trainer.role, trainer.min_replicas, trainer.max_replicas) == ("trainer", 2, 2)
+    assert (reader.role, reader.min_replicas, reader.max_replicas) == ("reader", 1, 4)
+    assert (trainer.nproc_per_node, reader.nproc_per_node) == ("auto", "2")
+    # spec.replicas drives the scale role only; the other role runs at its maximum.
+    assert (trainer.desired, reader.desired, job.desired) == (2, 3, 5)
+    assert reader.template["spec"]["containers"][0]["command"] == ["python", "read.py"]
+    # The whole job: the roles' ranges summed, the first role's template (store placement).
+    assert (job.min_replicas, job.max_replicas) == (3, 6)
+    assert job.template == trainer.template
+    assert (job.scale_role_name, job.completion_role_name) == ("reader", "trainer")
+
+
+@pytest.mark.parametrize(
+    ("spec", "replicas", "want"),
+    [
+        ({}, None, (2, 4)),  # absent everything: every role at its maximum
+        ({}, 2, (2, 4)),  # no scaleRole: spec.replicas drives the first role (fixed, 2:2)
+        ({"scaleRole": "reader"}, 1, (2, 1)),
+        ({"scaleRole": "reader"}, None, (2, 3)),  # the role's own replicas
+        ({"scaleRole": "reader"}, 4, (2, 4)),  # spec.replicas wins over it
+    ],
+)
+def test_desired_per_role(
+    spec: dict[str, Any], replicas: int | None, want: tuple[int, int]
+) -> None:
+    roles = (role("trainer", 2, 2), role("reader", 1, 4, replicas=3 if spec else None))
+    if replicas is not None:
+        spec = {**spec, "replicas": replicas}
+    job = roles_job(*roles, **spec)
+    assert tuple(v.desired for v in job.role_views()) == want
+    assert (job.scale_role_name, job.completion_role_name)[1] == "trainer"
+
+
+def plus(obj: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    obj["spec"].update(spec)
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("obj", "fragment"),
+    [
+        (plus(roles_obj(), minReplicas=1), "spec.roles is mutually exclusive"),
+        (plus(roles_obj(), template={"spec": {}}), "spec.roles is mutually exclusive"),
+        (roles_obj(role("trainer", 1, 1), role("trainer", 1, 2)), "appears twice"),
+        (roles_obj(role("store", 1, 1)), "is reserved"),
+        (roles_obj(role("worker", 1, 1)), "is reserved"),
+        (roles_obj(role("Trainer", 1, 1)), "must be a DNS label"),
+        (roles_obj(role("a" * 21, 1, 1)), "at most 20 characters"),
+        (roles_obj(role("trainer", 3, 2)), "spec.roles[0]: need 1 <= minReplicas"),
+        (roles_obj(role("trainer", 1, 2, replicas=5)), "spec.roles[0].replicas"),
+        (roles_obj(scaleRole="ps"), "spec.scaleRole 'ps' names no role"),
+        (roles_obj(completionRole="ps"), "spec.completionRole 'ps' names no role"),
+        (roles_obj(warmSpares=1), "spec.warmSpares is not supported with spec.roles"),
+        (roles_obj(role("trainer", 1, 1, failureScope="Node")), "invalid ElasticJob spec"),
+        (roles_obj(coupling="Loose"), "invalid ElasticJob spec"),
+        (job_obj(coupling="Joint"), "need spec.roles"),
+        (job_obj(scaleRole="trainer"), "need spec.roles"),
+        ({"metadata": {"name": "demo"}, "spec": {"roles": []}}, "at least one role"),
+    ],
+)
+def test_the_operator_refuses_what_the_schema_should_have(
+    obj: dict[str, Any], fragment: str
+) -> None:
+    with pytest.raises(InvalidSpecError) as raised:
+        JobSpec.parse(obj)
+    assert fragment in str(raised.value)
+
+
+def queued(obj: dict[str, Any]) -> dict[str, Any]:
+    obj["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team"}
+    return obj
+
+
+def test_under_a_kueue_queue_at_most_one_role_is_elastic() -> None:
+    # CEL on a custom resource reads no labels: the operator refuses this one.
+    two_elastic = queued(roles_obj(role("trainer", 1, 2), role("reader", 1, 4)))
+    with pytest.raises(InvalidSpecError) as raised:
+        JobSpec.parse(two_elastic)
+    message = str(raised.value)
+    assert "spec.roles" in message and "Kueue" in message and "trainer, reader" in message
+    assert JobSpec.parse(queued(roles_obj())).queue_name == "team"  # one elastic role
+    assert JobSpec.parse(roles_obj(role("trainer", 1, 2), role("reader", 1, 4))).multi_role
+
+
+def test_a_multi_role_job_is_not_run_and_says_so_once_per_generation() -> None:
+    job = roles_job()
+    first = plan(job, parsed({}), observed(), NOW)
+    assert not first.create_pods and not first.create_services
+    status = decided(first)
+    assert status.phase is Phase.PENDING
+    training = next(c for c in status.conditions or () if c.is_type(ConditionType.TRAINING))
+    assert training.reason == Reason.ROLES_NOT_RUN and "not yet run" in training.message
+    assert [e.reason for e in first.events] == [EventReason.ROLES_NOT_RUN]
+    # The next pass says nothing new; a new generation says it again.
+    again = plan(job, status, observed(), NOW)
+    assert not again.events and not again.create_pods
+    edited = dataclasses.replace(job, generation=job.generation + 1)
+    assert [e.reason for e in plan(edited, status, observed(), NOW).events] == [
+        EventReason.ROLES_NOT_RUN
+    ]
+
+
+def test_pods_an_older_operator_made_for_a_multi_role_job_are_deleted() -> None:
+    result = plan(roles_job(), parsed({}), observed(worker(0)), NOW)
+    assert sorted(d.name for d in result.delete_pods) == ["demo-store", "demo-worker-0"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "roles", "want"),
+    [
+        ({}, (), 2),  # the first role (trainer 2:2)
+        ({"scaleRole": "reader"}, (), 4),
+        (
+            {"scaleRole": "reader"},
+            (role("trainer", 2, 2), role("reader", 1, 4, replicas=3)),
+            3,
+        ),
+    ],
+)
+def test_spec_replicas_is_written_for_the_scale_role(
+    spec: dict[str, Any], roles: tuple[dict[str, Any], ...], want: int
+) -> None:
+    patch = replicas_patch(roles_obj(*roles, **spec))
+    assert patch is not None and patch["spec"] == {"replicas": want}
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    container = pod["spec"]["containers"][0]
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def test_each_role_gets_its_pods_labels_env_and_template() -> None:
+    job = roles_job(coupling="Joint")
+    trainer, reader = (
+        builders.worker_pod(view, i, GANG) for view, i in zip(job.role_views(), (1, 3), strict=True)
+    )
+    assert (trainer["metadata"]["name"], reader["metadata"]["name"]) == (
+        "demo-trainer-1",
+        "demo-reader-3",
+    )
+    for pod, name in ((trainer, "trainer"), (reader, "reader")):
+        assert pod["metadata"]["labels"]["torchflex.io/role"] == "worker"
+        assert pod["metadata"]["labels"]["torchflex.io/training-role"] == name
+        assert pod["spec"]["hostname"] == pod["metadata"]["name"]
+        assert pod["spec"]["subdomain"] == "demo-workers"  # one headless Service for all
+        assert pod["spec"]["schedulingGroup"] == {"podGroupName": f"demo-{name}"}
+    t, r = env_of(trainer), env_of(reader)
+    assert (t["TORCHFLEX_ROLE"], r["TORCHFLEX_ROLE"]) == ("trainer", "reader")
+    assert t["TORCHFLEX_COUPLING"] == r["TORCHFLEX_COUPLING"] == "Joint"
+    assert t["TORCHFLEX_ROLE_SIZES"] == r["TORCHFLEX_ROLE_SIZES"] == "trainer=2:2,reader=1:4"
+    assert (t["TORCHFLEX_NNODES"], r["TORCHFLEX_NNODES"]) == ("2:2", "1:4")
+    assert (t["TORCHFLEX_NPROC_PER_NODE"], r["TORCHFLEX_NPROC_PER_NODE"]) == ("auto", "2")
+    assert t["TORCHFLEX_RDZV_ID"] == r["TORCHFLEX_RDZV_ID"] == job.rdzv_id
+    assert t["TORCHFLEX_REPLICA_INDEX"] == "1"
+    assert reader["spec"]["containers"][0]["command"][-2:] == ["python", "read.py"]
+    # A single-role job's pods carry none of the role variables or the label.
+    single = builders.worker_pod(JobSpec.parse(job_obj()), 0, GANG)
+    assert not {"TORCHFLEX_ROLE", "TORCHFLEX_COUPLING", "TORCHFLEX_ROLE_SIZES"} & set(
+        env_of(single)
+    )
+    assert "torchflex.io/training-role" not in single["metadata"]["labels"]
+
+
+def test_a_multi_role_job_is_built_role_by_role_only() -> None:
+    job = roles_job()
+    with pytest.raises(ValueError, match="role_view"):
+        builders.worker_pod(job, 0, GANG)
+    with pytest.raises(ValueError, match="role_view"):
+        builders.worker_pod(job.role_view("trainer"), 0, GANG, role="reader")
+
+
+def hashes(obj: dict[str, Any]) -> dict[str, str]:
+    return {v.role: builders.template_hash(v) for v in JobSpec.parse(obj).role_views()}
+
+
+def test_the_spec_hash_is_per_role() -> None:
+    base = hashes(roles_obj())
+    assert base["trainer"] != base["reader"]
+    # The reader's template rolls readers only; spec.replicas rolls nothing.
+    edited = roles_obj(role("trainer", 2, 2), role("reader", 1, 4, "read2.py", nprocPerNode=2))
+    changed = hashes(edited)
+    assert changed["trainer"] == base["trainer"] and changed["reader"] != base["reader"]
+    assert hashes(roles_obj(replicas=2)) == base
+    reader_scaled = roles_obj(
+        role("trainer", 2, 2), role("reader", 1, 4, "read.py", replicas=2, nprocPerNode=2)
+    )
+    assert hashes(reader_scaled) == base
+    # A range or the coupling is in every role's env: every role rolls.
+    wider = roles_obj(role("trainer", 2, 2), role("reader", 1, 5, "read.py", nprocPerNode=2))
+    for changed in (hashes(wider), hashes(roles_obj(coupling="Joint"))):
+        assert changed["trainer"] != base["trainer"] and changed["reader"] != base["reader"]
+    # The pod carries the hash of its role.
+    view = JobSpec.parse(roles_obj()).role_view("reader")
+    pod = builders.worker_pod(view, 0, GANG)
+    assert pod["metadata"]["annotations"]["torchflex.io/spec-hash"] == base["reader"]
+
+
+def test_each_role_has_its_budget_and_gang() -> None:
+    trainer, reader = roles_job().role_views()
+    for view, name, minimum in ((trainer, "demo-trainer", 2), (reader, "demo-reader", 1)):
+        budget = pdb.pod_disruption_budget(view)
+        assert budget["metadata"]["name"] == pdb.budget_name(view) == name
+        assert budget["spec"]["minAvailable"] == minimum
+        assert budget["spec"]["selector"]["matchLabels"] == {
+            "torchflex.io/job-name": "demo",
+            "torchflex.io/role": "worker",
+            "torchflex.io/training-role": view.role,
+        }
+        group = podgroup.pod_group(view)
+        assert group["metadata"]["name"] == podgroup.pod_group_name(view) == name
+        assert podgroup.min_count(group) == minimum
+        assert group["metadata"]["labels"]["torchflex.io/training-role"] == view.role
+
+
+def test_a_role_pod_is_observed_in_its_group() -> None:
+    job = roles_job()
+    pods = [
+        PodView.from_pod(builders.worker_pod(view, 0, GANG) | {"status": {}})
+        for view in job.role_views()
+    ]
+    assert [p.group for p in pods] == ["trainer", "reader"]
+    groups = Observed(pods=tuple(pods)).groups()
+    assert {k: [p.name for p in v] for k, v in groups.items()} == {
+        "trainer": ["demo-trainer-0"],
+        "reader": ["demo-reader-0"],
+    }
+    single = PodView.from_pod(builders.worker_pod(JobSpec.parse(job_obj()), 0, GANG))
+    assert single.group == "worker" and single.training_role is None
+
+
+def test_status_roles_say_each_role_and_the_selector_names_the_scale_role() -> None:
+    job = roles_job(scaleRole="reader", replicas=3)
+    trainer, reader = job.role_views()
+    pods = [
+        PodView.from_pod(builders.worker_pod(view, i, GANG) | {"status": {"phase": "Running"}})
+        for view, i in ((trainer, 0), (trainer, 1), (reader, 0))
+    ]
+    pods = [dataclasses.replace(p, ready=p.name != "demo-trainer-1") for p in pods]
+    reports = {"demo-reader-0": AgentReport(AgentState.RUNNING, round=4, world_size=2)}
+    result = plan(job, parsed({}), observed(*pods, reports=reports), NOW)
+    status = decided(result).to_manifest()
+    assert status["roles"] == [
+        {"name": "trainer", "desired": 2, "replicas": 2, "ready": 1, "worldSize": 0, "round": -1},
+        {"name": "reader", "desired": 3, "replicas": 1, "ready": 1, "worldSize": 2, "round": 4},
+    ]
+    assert status["roleSummary"] == "trainer 1/2 reader 1/3"
+    selector = (
+        "torchflex.io/job-name=demo,torchflex.io/role=worker,torchflex.io/training-role=reader"
+    )
+    assert status["selector"] == selector
+    # A job of one group writes neither.
+    single = decided(plan(JobSpec.parse(job_obj()), parsed({}), observed(), NOW)).to_manifest()
+    assert "roles" not in single and "roleSummary" not in single
