@@ -52,6 +52,7 @@ from torchflex_agent.loop.logic.config import AgentConfig
 from torchflex_agent.loop.logic.policy import closed_job_exit
 from torchflex_agent.loop.node import Node
 from torchflex_agent.loop.preflight import check_interpreter, check_node
+from torchflex_agent.loop.roster import Roster
 from torchflex_agent.loop.session import StoreSession
 from torchflex_agent.loop.standby import stand_by
 from torchflex_agent.loop.supervise import (
@@ -126,6 +127,7 @@ class ElasticAgent:
         )
         self._presence: PresenceServer | None = None
         self._warm = WarmWorkers(config.prewarm and nproc >= 1, config.command, self._environ, fork)
+        self._roster = Roster(config, self._error_dir / "roles.json")
         self._inplace = InPlace(self._terminating)
         self._restarts_seen = 0
         """Highest job-wide restart count seen: republished if the store forgot it."""
@@ -202,6 +204,7 @@ class ElasticAgent:
 
     def _stop_helpers(self) -> None:
         self._inplace.stop_kept(self.config.stop_grace)
+        self._roster.close()
         self._node.close_master_store()
         self._warm.close()
         if self._presence is not None:
@@ -338,16 +341,10 @@ class ElasticAgent:
         """Run workers until the round ends; returns why (or raises ``AgentExitError``)."""
         monitor = RoundMonitor(rdzv, result, self._liveness, self._wake, lease=self._lease)
         monitor.start()  # grants this round's lease before any worker starts
+        self._roster.round_started(rdzv, result)
         state_dir = self._inplace.state_dir
-        ctx = LaunchContext(
-            self.config.run_id,
-            restarts,
-            self.config.max_restarts,
-            self._nproc,
-            self._error_dir,
-            state_dir,
-            self.config.teardown_grace,
-        )
+        ctx = launch_context(self.config, restarts, self._nproc, self._error_dir, state_dir)
+        ctx = dataclasses.replace(ctx, joint=self._roster.joint, roles_file=self._roster.path)
         self._warm.ensure()
         env = {**self._environ, **self._lease.worker_env(result.round)}
         kept = self._inplace.take(self.config.stop_grace)
@@ -383,3 +380,19 @@ class ElasticAgent:
             raise
         finally:
             monitor.stop()
+
+
+def launch_context(
+    config: AgentConfig, restarts: int, nproc: int, error_dir: Path, state_dir: Path | None
+) -> LaunchContext:
+    """What every worker of a round needs besides the round itself."""
+    return LaunchContext(
+        config.run_id,
+        restarts,
+        config.max_restarts,
+        nproc,
+        error_dir,
+        state_dir,
+        config.teardown_grace,
+        config.role,
+    )

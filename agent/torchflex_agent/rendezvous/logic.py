@@ -72,6 +72,12 @@ class NodeDescriptor:
     """The member's pod (``metadata.name``; env ``TORCHFLEX_POD_NAME``), so peers can
     name a lost member's pod in their reports; empty outside Kubernetes or in
     descriptors of agents that predate it."""
+    role: str = ""
+    """The member's training role (``--role``); empty in descriptors of agents that
+    predate roles. A Joint round orders its members by it (``rank_order``)."""
+    service_ports: tuple[int, ...] = ()
+    """Per local rank: the free port that worker may serve on (``env.SERVICE_PORT``),
+    published to the other roles in the roles file (``workers.roster``)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -88,18 +94,24 @@ class NodeDescriptor:
                 int(raw.get("prev_rank", -1)),
                 bool(raw.get("agent_store", False)),
                 str(raw.get("pod", "")),
+                str(raw.get("role", "")),
+                tuple(int(p) for p in raw.get("service_ports", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StoreProtocolError(f"malformed node descriptor {raw!r}: {exc}") from exc
 
 
-def rank_order(nodes: Sequence[NodeDescriptor]) -> list[NodeDescriptor]:
+def rank_order(nodes: Sequence[NodeDescriptor], roles: Sequence[str] = ()) -> list[NodeDescriptor]:
     """Node ranks of a closing round: previous ranks kept in order, newcomers last.
 
-    Ties keep arrival order (the sort is stable), so every closer computes
-    the same list from the same descriptors.
+    ``roles`` (a Joint round: every role in spec order) sorts by role first, so
+    each role's ranks are contiguous. Ties keep arrival order (the sort is
+    stable), so every closer computes the same list from the same descriptors.
     """
-    return sorted(nodes, key=lambda n: (n.prev_rank < 0, n.prev_rank))
+    order = {name: i for i, name in enumerate(roles)}
+    return sorted(
+        nodes, key=lambda n: (order.get(n.role, len(order)), n.prev_rank < 0, n.prev_rank)
+    )
 
 
 def encode_membership(nodes: Sequence[NodeDescriptor], closer: str) -> bytes:
@@ -192,6 +204,20 @@ class RoundView:
 
 
 @dataclasses.dataclass(frozen=True)
+class RoundPeek:
+    """An onlooker's read of a job's newest round (another role's, for the roles file)."""
+
+    round: int
+    """The round ``nodes`` formed (-1: no round yet)."""
+    nodes: tuple[NodeDescriptor, ...] | None
+    """Its membership; None when no round closed yet."""
+    stale: bool
+    """The round was marked stale: its members are re-forming."""
+    forming: bool
+    """A newer round is open (``nodes`` are the last closed round's) or none closed yet."""
+
+
+@dataclasses.dataclass(frozen=True)
 class RendezvousResult:
     """A closed round as seen by one of its members."""
 
@@ -211,6 +237,18 @@ class RendezvousResult:
     def rank_offset(self) -> int:
         """Global rank of this node's local rank 0."""
         return sum(n.nproc for n in self.nodes[: self.node_rank])
+
+    @property
+    def role_rank_offset(self) -> int:
+        """Role rank of this node's local rank 0: the workers of its role before it
+        (torchrun's ``_assign_worker_ranks``: cumulative per role, in node order)."""
+        role = self.me.role
+        return sum(n.nproc for n in self.nodes[: self.node_rank] if n.role == role)
+
+    @property
+    def role_world_size(self) -> int:
+        """Workers of this node's role in the round."""
+        return sum(n.nproc for n in self.nodes if n.role == self.me.role)
 
     @property
     def me(self) -> NodeDescriptor:
