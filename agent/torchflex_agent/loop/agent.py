@@ -48,7 +48,7 @@ from torchflex_agent.fence import Lease, lease_duration
 from torchflex_agent.loop.connecting import Connect
 from torchflex_agent.loop.health import ReportBoard, write_termination_log
 from torchflex_agent.loop.inplace import InPlace
-from torchflex_agent.loop.logic.config import AgentConfig
+from torchflex_agent.loop.logic.config import AgentConfig, rendezvous_settings
 from torchflex_agent.loop.logic.policy import closed_job_exit
 from torchflex_agent.loop.node import Node
 from torchflex_agent.loop.preflight import check_interpreter, check_node
@@ -68,7 +68,6 @@ from torchflex_agent.rendezvous.liveness import LivenessSettings, PresenceServer
 from torchflex_agent.rendezvous.logic import (
     NodeDescriptor,
     RendezvousResult,
-    RendezvousSettings,
     expected_next,
 )
 from torchflex_agent.rendezvous.protocol import Rendezvous, RendezvousInterruptedError
@@ -110,13 +109,7 @@ class ElasticAgent:
         self._wake = threading.Event()
         self._board = ReportBoard(AgentReport(state=AgentState.INIT))
         self._error_dir = Path(tempfile.mkdtemp(prefix="torchflex-errors-"))
-        self._settings = RendezvousSettings(
-            config.min_nodes,
-            config.max_nodes,
-            config.last_call,
-            config.join_timeout,
-            config.liveness_timeout,
-        )
+        self._settings = rendezvous_settings(config)
         self._session = StoreSession(
             config, connect, self._settings, self._terminating, self._update
         )
@@ -330,7 +323,7 @@ class ElasticAgent:
                 waiting = self._session.rdzv.waiting_count(result.round)
             except StoreUnavailableError:
                 waiting = 0
-        expected = expected_next(result.num_nodes, reason, waiting, self.config.max_nodes)
+        expected = expected_next(result.num_nodes, reason, waiting, self._settings.max_nodes)
         log.info("round %d over: %s; re-forming", result.round, reason.value)
         self._update(state=AgentState.RESTARTING, last_restart_reason=reason)
         return min_round, expected

@@ -46,6 +46,7 @@ from torchflex_contract.store_keys import (
     INCARNATION,
     JOB_CLOSED,
     LOST,
+    NODE,
     NODE_CHECKS,
     RESTARTS,
     SPEED,
@@ -340,6 +341,12 @@ class RoundRecords:
             if before is not None:
                 return RoundPeek(round_no - 1, decode_membership(before), True, True)
         return RoundPeek(round_no, None, stale is not None, True)
+
+    def arrived(self, round_no: int, count: int) -> list[NodeDescriptor]:
+        """The descriptors of a round's first ``count`` arrivals that published one."""
+        keys = [round_key(self.keys, round_no, NODE, i) for i in range(count)]
+        raws = self._store.get_many(keys) if keys else []
+        return [NodeDescriptor.from_json(json.loads(raw)) for raw in raws if raw is not None]
 
     def _peek(self, round_no: int) -> list[str]:
         return [

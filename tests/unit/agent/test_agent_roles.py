@@ -11,13 +11,16 @@ import pytest
 from torchflex_agent import roles
 from torchflex_agent.cli import USAGE_HINT, main
 from torchflex_agent.errors import ConfigError
-from torchflex_agent.loop.logic.config import parse_args, role_key_id
+from torchflex_agent.loop.logic.config import parse_args, rendezvous_settings, role_key_id
 from torchflex_agent.loop.roster import next_guess, peek_view
 from torchflex_agent.rendezvous.logic import (
     NodeDescriptor,
     RendezvousResult,
     RendezvousSettings,
     RoundPeek,
+    close_decision,
+    joint_members,
+    joint_room,
     rank_order,
 )
 from torchflex_agent.rendezvous.protocol import Rendezvous
@@ -35,7 +38,7 @@ from torchflex_agent.workers.roster import (
 from torchflex_contract import env as tfenv
 from torchflex_contract.exit_codes import ExitCode
 from torchflex_contract.progress import RestartReason
-from torchflex_contract.roles import Coupling
+from torchflex_contract.roles import Coupling, RoleSize
 from torchflex_contract.store_keys import ARRIVALS, Keys, round_key
 
 BASE = ["--rdzv-id", "job-1", "--rdzv-endpoint", "store:29400"]
@@ -97,6 +100,15 @@ def test_role_flags_and_env(
     nodes = (cfg.min_nodes, cfg.max_nodes)
     assert (cfg.role, cfg.coupling, nodes, cfg.rdzv_key_id) == expected
     assert cfg.run_id == "job-1"  # TORCHELASTIC_RUN_ID stays the job's
+
+
+def test_a_joint_role_joins_one_rendezvous_over_every_roles_range() -> None:
+    env = {tfenv.ROLE: "reader", tfenv.ROLE_SIZES: SIZES, tfenv.COUPLING: "Joint"}
+    settings = rendezvous_settings(parse_args([*BASE, "--", "true"], env=env))
+    assert (settings.min_nodes, settings.max_nodes) == (3, 6)
+    assert settings.role_names == ("trainer", "reader")
+    alone = rendezvous_settings(parse_args(["--role", "reader", *BASE, "--", "true"], env={}))
+    assert (alone.min_nodes, alone.max_nodes, alone.roles) == (1, 1, ())
 
 
 def node(name: str, role: str, nproc: int = 2, prev: int = -1) -> NodeDescriptor:
@@ -244,3 +256,64 @@ def test_peek_round_follows_another_roles_rounds_without_writing() -> None:
     store.take_ticket(round_key(Keys(key_id), second.round + 1, ARRIVALS))
     peek = records.peek_round(second.round)
     assert (peek.round, peek.forming, peek.nodes is not None) == (second.round, True, True)
+
+
+JOINT = RendezvousSettings.joint(
+    (RoleSize("trainer", 2, 2), RoleSize("ps", 1, 2)), last_call=1.0, join_timeout=9, liveness=1.5
+)
+
+
+@pytest.mark.parametrize(
+    ("counts", "close", "wait"),
+    [
+        ({"trainer": 2}, False, 5.0),  # ps below its minimum: no last call yet
+        ({"trainer": 1, "ps": 3}, False, 5.0),  # enough nodes, not of every role
+        ({"trainer": 2, "ps": 1}, False, 1.0),  # every minimum: the last call runs
+        ({"trainer": 2, "ps": 2}, True, 0.0),  # every role at its maximum: close now
+    ],
+)
+def test_joint_round_closes_on_every_roles_minimum(
+    counts: dict[str, int], close: bool, wait: float
+) -> None:
+    got = close_decision(
+        now=10.0, arrivals=sum(counts.values()), settings=JOINT, min_reached_at=None,
+        fallback_wait=5.0, role_counts=counts,
+    )  # fmt: skip
+    assert (got.close, got.wait) == (close, wait)
+
+
+def test_joint_members_cap_each_role_and_order_by_role() -> None:
+    arrived = [node("n1", "ps", 1), node("n2", "trainer"), node("n3", "ps", 1),
+               node("n4", "ps", 1), node("n5", "bogus"), node("n6", "trainer")]  # fmt: skip
+    members = joint_members(arrived, JOINT.roles)
+    assert [n.node_id for n in members] == ["n2", "n6", "n1", "n3"]
+    assert joint_room(members[:3], "ps", JOINT.roles)
+    assert not joint_room(members, "ps", JOINT.roles)
+    assert not joint_room(members, "bogus", JOINT.roles)
+
+
+def test_joint_rendezvous_admits_by_role_over_a_store() -> None:
+    """Real protocol threads over the in-memory store: a third ps waits, ranks by role."""
+    import threading
+
+    store = MemoryStore()
+    settings = RendezvousSettings.joint(
+        (RoleSize("trainer", 1, 1), RoleSize("ps", 1, 1)), 0.2, 10.0, 1.5
+    )
+    out: dict[str, RendezvousResult] = {}
+    names = [("n1", "ps"), ("n2", "trainer")]
+
+    def join(name: str, role: str) -> None:
+        rdzv = Rendezvous(store.clone(), "job-1", node(name, role), settings)
+        out[name] = rdzv.next_round()
+
+    threads = [threading.Thread(target=join, args=nr, daemon=True) for nr in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert [n.node_id for n in out["n1"].nodes] == ["n2", "n1"]  # trainer first
+    assert (out["n2"].node_rank, out["n1"].node_rank) == (0, 1)
+    assert (out["n1"].role_rank_offset, out["n1"].role_world_size, out["n1"].rank_offset) == (
+        0, 2, 2
+    )  # fmt: skip

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn, TypeVar
 
 from torchflex_agent.errors import ConfigError
+from torchflex_agent.rendezvous.logic import RendezvousSettings
 from torchflex_agent.stores import logic as rdzv_endpoints
 from torchflex_agent.stores.logic import Endpoint
 from torchflex_contract import env as tfenv
@@ -91,6 +92,21 @@ class AgentConfig:
     def store_name(self) -> str:
         """The rendezvous store as logs name it: backend and endpoints."""
         return rdzv_endpoints.describe(self.rdzv_backend, self.endpoints)
+
+
+def rendezvous_settings(config: AgentConfig) -> RendezvousSettings:
+    """The rendezvous this agent joins: its own role's range, or, Joint, every role's."""
+    if config.role_sizes and config.coupling is Coupling.JOINT:
+        return RendezvousSettings.joint(
+            config.role_sizes, config.last_call, config.join_timeout, config.liveness_timeout
+        )
+    return RendezvousSettings(
+        config.min_nodes,
+        config.max_nodes,
+        config.last_call,
+        config.join_timeout,
+        config.liveness_timeout,
+    )
 
 
 def role_key_id(run_id: str, role: str, coupling: Coupling) -> str:
