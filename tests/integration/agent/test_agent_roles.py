@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -19,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from e2e.localproc import LineLog
+from e2e.localproc import LineLog, free_port
 from e2e.polling import poll_until
+from tests.integration.agent.gloo_ranks import run_ranks
 from tests.integration.agent.tfagent_helpers import PYTHON, Job, pid_alive
 from torchflex_agent import roles
 from torchflex_agent.workers.roster import RoleState, RoleView
@@ -202,3 +205,46 @@ def test_joint_roles_get_torchrun_role_ranks(tmp_path: Path) -> None:
             assert [p.global_rank for p in view["trainer"].members] == [0, 1, 2, 3]
             assert [p.global_rank for p in view["ps"].members] == [4, 5, 6, 7]
             assert [p.rank for p in view["ps"].members] == [0, 1, 2, 3]
+
+
+ROLE_GROUP_RANK = textwrap.dedent(
+    """
+    import datetime, json, os
+    import torch
+    import torch.distributed as dist
+    from torchflex_agent import roles
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    mine = roles.role_group(os.environ["ROLE_NAME"])
+    value = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(value, group=mine)
+    print(json.dumps({"rank": dist.get_rank(), "sum": value.item(),
+                      "group_size": dist.get_world_size(mine),
+                      "same": roles.role_group(os.environ["ROLE_NAME"]) is mine}), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_role_group_is_a_process_group_of_the_roles_ranks() -> None:
+    """Four real gloo ranks with a Joint job's env: each role's group reduces over its
+    own ranks only, and a second call returns the same group."""
+    port = free_port()
+    role_of = ["trainer", "trainer", "trainer", "ps"]
+    envs = [
+        {
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": ":".join(sys.path),
+            "RANK": str(rank),
+            "WORLD_SIZE": "4",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "ROLE_NAME": role,
+            tfenv.ROLE_RANKS: "trainer:0-2,ps:3-3",
+        }
+        for rank, role in enumerate(role_of)
+    ]
+    got = run_ranks(ROLE_GROUP_RANK, envs)
+    assert [(r["rank"], r["sum"], r["group_size"], r["same"]) for r in got] == [
+        (0, 3.0, 3, True), (1, 3.0, 3, True), (2, 3.0, 3, True), (3, 3.0, 1, True)
+    ]  # fmt: skip
