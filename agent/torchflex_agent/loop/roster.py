@@ -8,11 +8,11 @@ format and its atomic write are ``workers.roster``'s, and workers read it with
 - a single-role job, or a Joint one (one round across roles): the round this
   agent is in, written at round start. Its workers' round is the file's round;
   nothing else can change without this agent re-forming, so no store reads.
-- a role of an Independent job (``--role-sizes`` names the job's roles): every
-  role's newest round, read under each role's own keys by a thread every
-  ``REFRESH_S`` (``RoundRecords.peek_round``: one small read per role while its
-  round stays the same) over a store connection of its own, so a trainer sees
-  readers come and go without any round of its own changing.
+- a role of an Independent job (``--role-sizes`` names the job's roles): its own
+  round as above, and every other role's newest round, read under that role's
+  keys by a thread every ``REFRESH_S`` (``RoundRecords.peek_round``: one read
+  per role while its round stays the same) over a store connection of its own,
+  so a trainer sees readers come and go without any round of its own changing.
 
 Best effort: a store that does not answer leaves the file as it was (the loop
 has its own reaction to a lost store); the thread retries on the next tick.
@@ -138,6 +138,8 @@ class Roster:
 
     def _refresh(self, conn: Rendezvous, guesses: dict[str, int]) -> None:
         for name in self._names:
+            if name == self._config.role:
+                continue  # our own role: listed at each round start, when it changes
             records = conn.for_run(role_key_id(self._config.run_id, name, Coupling.INDEPENDENT))
             peek = records.peek_round(guesses[name])
             guesses[name] = next_guess(peek)
