@@ -48,10 +48,11 @@ from torchflex_agent.fence import Lease, lease_duration
 from torchflex_agent.loop.connecting import Connect
 from torchflex_agent.loop.health import ReportBoard, write_termination_log
 from torchflex_agent.loop.inplace import InPlace
-from torchflex_agent.loop.logic.config import AgentConfig
+from torchflex_agent.loop.logic.config import AgentConfig, rendezvous_settings
 from torchflex_agent.loop.logic.policy import closed_job_exit
 from torchflex_agent.loop.node import Node
 from torchflex_agent.loop.preflight import check_interpreter, check_node
+from torchflex_agent.loop.roster import Roster
 from torchflex_agent.loop.session import StoreSession
 from torchflex_agent.loop.standby import stand_by
 from torchflex_agent.loop.supervise import (
@@ -67,7 +68,6 @@ from torchflex_agent.rendezvous.liveness import LivenessSettings, PresenceServer
 from torchflex_agent.rendezvous.logic import (
     NodeDescriptor,
     RendezvousResult,
-    RendezvousSettings,
     expected_next,
 )
 from torchflex_agent.rendezvous.protocol import Rendezvous, RendezvousInterruptedError
@@ -109,13 +109,7 @@ class ElasticAgent:
         self._wake = threading.Event()
         self._board = ReportBoard(AgentReport(state=AgentState.INIT))
         self._error_dir = Path(tempfile.mkdtemp(prefix="torchflex-errors-"))
-        self._settings = RendezvousSettings(
-            config.min_nodes,
-            config.max_nodes,
-            config.last_call,
-            config.join_timeout,
-            config.liveness_timeout,
-        )
+        self._settings = rendezvous_settings(config)
         self._session = StoreSession(
             config, connect, self._settings, self._terminating, self._update
         )
@@ -126,6 +120,7 @@ class ElasticAgent:
         )
         self._presence: PresenceServer | None = None
         self._warm = WarmWorkers(config.prewarm and nproc >= 1, config.command, self._environ, fork)
+        self._roster = Roster(config, self._error_dir / "roles.json")
         self._inplace = InPlace(self._terminating)
         self._restarts_seen = 0
         """Highest job-wide restart count seen: republished if the store forgot it."""
@@ -202,6 +197,7 @@ class ElasticAgent:
 
     def _stop_helpers(self) -> None:
         self._inplace.stop_kept(self.config.stop_grace)
+        self._roster.close()
         self._node.close_master_store()
         self._warm.close()
         if self._presence is not None:
@@ -327,7 +323,7 @@ class ElasticAgent:
                 waiting = self._session.rdzv.waiting_count(result.round)
             except StoreUnavailableError:
                 waiting = 0
-        expected = expected_next(result.num_nodes, reason, waiting, self.config.max_nodes)
+        expected = expected_next(result.num_nodes, reason, waiting, self._settings.max_nodes)
         log.info("round %d over: %s; re-forming", result.round, reason.value)
         self._update(state=AgentState.RESTARTING, last_restart_reason=reason)
         return min_round, expected
@@ -338,16 +334,10 @@ class ElasticAgent:
         """Run workers until the round ends; returns why (or raises ``AgentExitError``)."""
         monitor = RoundMonitor(rdzv, result, self._liveness, self._wake, lease=self._lease)
         monitor.start()  # grants this round's lease before any worker starts
+        self._roster.round_started(rdzv, result)
         state_dir = self._inplace.state_dir
-        ctx = LaunchContext(
-            self.config.run_id,
-            restarts,
-            self.config.max_restarts,
-            self._nproc,
-            self._error_dir,
-            state_dir,
-            self.config.teardown_grace,
-        )
+        ctx = launch_context(self.config, restarts, self._nproc, self._error_dir, state_dir)
+        ctx = dataclasses.replace(ctx, joint=self._roster.joint, roles_file=self._roster.path)
         self._warm.ensure()
         env = {**self._environ, **self._lease.worker_env(result.round)}
         kept = self._inplace.take(self.config.stop_grace)
@@ -383,3 +373,19 @@ class ElasticAgent:
             raise
         finally:
             monitor.stop()
+
+
+def launch_context(
+    config: AgentConfig, restarts: int, nproc: int, error_dir: Path, state_dir: Path | None
+) -> LaunchContext:
+    """What every worker of a round needs besides the round itself."""
+    return LaunchContext(
+        config.run_id,
+        restarts,
+        config.max_restarts,
+        nproc,
+        error_dir,
+        state_dir,
+        config.teardown_grace,
+        config.role,
+    )

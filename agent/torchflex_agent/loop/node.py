@@ -47,10 +47,15 @@ class Node:
         self.node_id = node_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._prev_rank = -1
         self._master_store: MasterStore | None = None
+        # Picked once, not per round: a worker kept across a re-form (in place) goes
+        # on serving on its port, and the roles file must keep naming it.
+        self.service_ports = tuple(free_port() for _ in range(nproc))
 
     def bare(self) -> NodeDescriptor:
         """A descriptor that offers nothing (to mark the job failed before any round)."""
-        return NodeDescriptor(self.node_id, self._config.node_addr, 0, self._nproc)
+        return NodeDescriptor(
+            self.node_id, self._config.node_addr, 0, self._nproc, role=self._config.role
+        )
 
     def descriptor(self, watch: int) -> NodeDescriptor:
         """Our descriptor for the next round, with a fresh master store listening on its port.
@@ -78,6 +83,8 @@ class Node:
             self._prev_rank,
             agent_store,
             self._pod_name,
+            self._config.role,
+            self.service_ports,
         )
 
     def joined(self, result: RendezvousResult) -> None:

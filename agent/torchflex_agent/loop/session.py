@@ -77,7 +77,7 @@ class StoreSession:
 
     def rendezvous_on(self, store: KVStore, node: NodeDescriptor) -> Rendezvous:
         """A ``Rendezvous`` for ``node`` on ``store`` (a connection of this session's store)."""
-        return Rendezvous(store, self._config.run_id, node, self._settings)
+        return Rendezvous(store, self._config.rdzv_key_id, node, self._settings)
 
     def start(self, node: Callable[[], NodeDescriptor]) -> Rendezvous:
         """Open the store, then join it as ``node()`` (called once the store answers)."""

@@ -26,6 +26,7 @@ from torchflex_agent.errors import (
 )
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import RestartReason
+from torchflex_contract.roles import RoleSize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,22 @@ class RendezvousSettings:
     liveness_timeout: float = tfenv.DEFAULT_LIVENESS_TIMEOUT_S
     """How long a closed round's member may go without a heartbeat, on a
     waiting joiner's own clock, before the joiner declares it gone (``MemberWatch``)."""
+    roles: tuple[RoleSize, ...] = ()
+    """A Joint round's roles in spec order (empty otherwise): the round closes once every
+    role has its minimum, admits at most each role's maximum, and orders its members by
+    role (``joint_members``); ``min_nodes``/``max_nodes`` are then the sums."""
+
+    @classmethod
+    def joint(
+        cls, roles: tuple[RoleSize, ...], last_call: float, join_timeout: float, liveness: float
+    ) -> RendezvousSettings:
+        """One round across ``roles``: its node range the sums of theirs."""
+        lo, hi = sum(r.min_nodes for r in roles), sum(r.max_nodes for r in roles)
+        return cls(lo, hi, last_call, join_timeout, liveness, roles)
+
+    @property
+    def role_names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.roles)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -72,6 +89,12 @@ class NodeDescriptor:
     """The member's pod (``metadata.name``; env ``TORCHFLEX_POD_NAME``), so peers can
     name a lost member's pod in their reports; empty outside Kubernetes or in
     descriptors of agents that predate it."""
+    role: str = ""
+    """The member's training role (``--role``); empty in descriptors of agents that
+    predate roles. A Joint round orders its members by it (``rank_order``)."""
+    service_ports: tuple[int, ...] = ()
+    """Per local rank: the free port that worker may serve on (``env.SERVICE_PORT``),
+    published to the other roles in the roles file (``workers.roster``)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -88,18 +111,24 @@ class NodeDescriptor:
                 int(raw.get("prev_rank", -1)),
                 bool(raw.get("agent_store", False)),
                 str(raw.get("pod", "")),
+                str(raw.get("role", "")),
+                tuple(int(p) for p in raw.get("service_ports", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StoreProtocolError(f"malformed node descriptor {raw!r}: {exc}") from exc
 
 
-def rank_order(nodes: Sequence[NodeDescriptor]) -> list[NodeDescriptor]:
+def rank_order(nodes: Sequence[NodeDescriptor], roles: Sequence[str] = ()) -> list[NodeDescriptor]:
     """Node ranks of a closing round: previous ranks kept in order, newcomers last.
 
-    Ties keep arrival order (the sort is stable), so every closer computes
-    the same list from the same descriptors.
+    ``roles`` (a Joint round: every role in spec order) sorts by role first, so
+    each role's ranks are contiguous. Ties keep arrival order (the sort is
+    stable), so every closer computes the same list from the same descriptors.
     """
-    return sorted(nodes, key=lambda n: (n.prev_rank < 0, n.prev_rank))
+    order = {name: i for i, name in enumerate(roles)}
+    return sorted(
+        nodes, key=lambda n: (order.get(n.role, len(order)), n.prev_rank < 0, n.prev_rank)
+    )
 
 
 def encode_membership(nodes: Sequence[NodeDescriptor], closer: str) -> bytes:
@@ -192,6 +221,20 @@ class RoundView:
 
 
 @dataclasses.dataclass(frozen=True)
+class RoundPeek:
+    """An onlooker's read of a job's newest round (another role's, for the roles file)."""
+
+    round: int
+    """The round ``nodes`` formed (-1: no round yet)."""
+    nodes: tuple[NodeDescriptor, ...] | None
+    """Its membership; None when no round closed yet."""
+    stale: bool
+    """The round was marked stale: its members are re-forming."""
+    forming: bool
+    """A newer round is open (``nodes`` are the last closed round's) or none closed yet."""
+
+
+@dataclasses.dataclass(frozen=True)
 class RendezvousResult:
     """A closed round as seen by one of its members."""
 
@@ -211,6 +254,18 @@ class RendezvousResult:
     def rank_offset(self) -> int:
         """Global rank of this node's local rank 0."""
         return sum(n.nproc for n in self.nodes[: self.node_rank])
+
+    @property
+    def role_rank_offset(self) -> int:
+        """Role rank of this node's local rank 0: the workers of its role before it
+        (torchrun's ``_assign_worker_ranks``: cumulative per role, in node order)."""
+        role = self.me.role
+        return sum(n.nproc for n in self.nodes[: self.node_rank] if n.role == role)
+
+    @property
+    def role_world_size(self) -> int:
+        """Workers of this node's role in the round."""
+        return sum(n.nproc for n in self.nodes if n.role == self.me.role)
 
     @property
     def me(self) -> NodeDescriptor:
@@ -261,8 +316,13 @@ def close_decision(
     min_reached_at: float | None,
     fallback_wait: float,
     expected: int | None = None,
+    role_counts: Mapping[str, int] | None = None,
 ) -> CloseDecision:
     """Whether a waiting joiner should close the round now, else how long to wait.
+
+    ``role_counts`` (a Joint round: arrivals per role) replaces the total's
+    tests: the round is full when every role is at its maximum and has its
+    minimum when every role has its own.
 
     The last-call window runs on the deciding node's own clock from the
     moment it first saw ``min`` arrivals; wall clocks are never compared.
@@ -270,9 +330,13 @@ def close_decision(
     previous round says should come has come: after a loss the survivors
     re-form without waiting for a node that is known to be gone.
     """
-    if arrivals >= settings.max_nodes:
+    full, short = arrivals >= settings.max_nodes, arrivals < settings.min_nodes
+    if role_counts is not None and settings.roles:
+        full = all(role_counts.get(r.name, 0) >= r.max_nodes for r in settings.roles)
+        short = any(role_counts.get(r.name, 0) < r.min_nodes for r in settings.roles)
+    if full:
         return CloseDecision(True, 0.0, min_reached_at if min_reached_at is not None else now)
-    if arrivals < settings.min_nodes:
+    if short:
         return CloseDecision(False, fallback_wait, None)
     if expected is not None and arrivals >= expected:
         return CloseDecision(True, 0.0, min_reached_at if min_reached_at is not None else now)
@@ -304,6 +368,34 @@ def expected_next(
 class Standing(enum.Enum):
     MEMBER = "member"
     WAITER = "waiter"
+
+
+def joint_members(
+    arrived: Sequence[NodeDescriptor], roles: Sequence[RoleSize]
+) -> list[NodeDescriptor]:
+    """A Joint round's members: arrivals in order, each role up to its maximum (a node of
+    an unknown role or one over its role's maximum waits for the next round), ordered
+    by role, then previous rank (``rank_order``): each role's ranks are contiguous."""
+    room = {r.name: r.max_nodes for r in roles}
+    admitted = []
+    for node in arrived:
+        if room.get(node.role, 0) > 0:
+            room[node.role] -= 1
+            admitted.append(node)
+    return rank_order(admitted, [r.name for r in roles])
+
+
+def role_counts(arrived: Sequence[NodeDescriptor]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in arrived:
+        counts[node.role] = counts.get(node.role, 0) + 1
+    return counts
+
+
+def joint_room(nodes: Sequence[NodeDescriptor], role: str, roles: Sequence[RoleSize]) -> bool:
+    """Whether a Joint round has room for one more node of ``role`` (a late joiner's test)."""
+    cap = next((r.max_nodes for r in roles if r.name == role), 0)
+    return sum(1 for n in nodes if n.role == role) < cap
 
 
 def standing(index: int, closed_count: int) -> Standing:

@@ -54,8 +54,11 @@ from torchflex_agent.rendezvous.logic import (
     decode_job_closure,
     decode_membership,
     encode_membership,
+    joint_members,
+    joint_room,
     raise_for_job_closure,
     rank_order,
+    role_counts,
     standing,
     waiter_marks_stale,
 )
@@ -229,7 +232,10 @@ class Rendezvous(RoundRecords):
         gone nobody would, and we would wait out the join timeout.
         """
         self._store.take_ticket(round_key(self.keys, round_no, WAITING))
-        if waiter_marks_stale(len(nodes), self.settings.max_nodes):
+        room = waiter_marks_stale(len(nodes), self.settings.max_nodes)
+        if self.settings.roles:  # Joint: room for our role, not just any node
+            room = joint_room(nodes, self.node.role, self.settings.roles)
+        if room:
             self.mark_stale(round_no, RestartReason.MEMBER_JOINED, self.node.node_id)
             return
         gone = refused([(n.addr, n.watch_port) for n in nodes])
@@ -300,6 +306,7 @@ class Rendezvous(RoundRecords):
                 min_reached_at=min_reached_at,
                 fallback_wait=fallback,
                 expected=expected,
+                role_counts=self._role_counts(round_no, arrivals),
             )
             min_reached_at = decision.min_reached_at
             if decision.close:
@@ -328,7 +335,10 @@ class Rendezvous(RoundRecords):
             StaleMark.decode(view.stale)  # a malformed mark still raises, as before
             return None
         nodes = decode_membership(raw)
-        if standing(index, len(nodes)) is Standing.WAITER:
+        waiter = standing(index, len(nodes)) is Standing.WAITER
+        if self.settings.roles:  # Joint: admitted by role, not by arrival order
+            waiter = all(n.node_id != self.node.node_id for n in nodes)
+        if waiter:
             self._wait_out_round(round_no, nodes, deadline, stop)
             return None
         ranks = [i for i, n in enumerate(nodes) if n.node_id == self.node.node_id]
@@ -337,6 +347,12 @@ class Rendezvous(RoundRecords):
                 f"round {round_no}: admitted as arrival {index} but listed {len(ranks)} times"
             )
         return RendezvousResult(round=round_no, node_rank=ranks[0], nodes=nodes)
+
+    def _role_counts(self, round_no: int, arrivals: int) -> dict[str, int] | None:
+        """A Joint round's arrivals per role (their descriptors read); None otherwise."""
+        if not self.settings.roles:
+            return None
+        return role_counts(self.arrived(round_no, arrivals))
 
     def _try_close(self, round_no: int, count: int) -> RoundView | None:
         """Close the round with the first ``count`` arrivals (one writer wins).
@@ -367,7 +383,9 @@ class Rendezvous(RoundRecords):
             if raw is None:
                 raise StoreProtocolError(f"descriptor {key} vanished")
             nodes.append(NodeDescriptor.from_json(json.loads(raw)))
-        value = encode_membership(rank_order(nodes), closer=self.node.node_id)
+        roles = self.settings.roles
+        members = joint_members(nodes, roles) if roles else rank_order(nodes)
+        value = encode_membership(members, closer=self.node.node_id)
         won = self._store.compare_set(closed_key, None, value) == value
         log.debug("round %d: close with %d nodes, won=%s", round_no, count, won)
         return None

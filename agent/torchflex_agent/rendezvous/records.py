@@ -21,6 +21,7 @@ from torchflex_agent.errors import StoreProtocolError
 from torchflex_agent.rendezvous.logic import (
     NodeDescriptor,
     RendezvousResult,
+    RoundPeek,
     RoundView,
     StaleMark,
     decode_job_closure,
@@ -35,7 +36,9 @@ from torchflex_agent.stores.kvstore import KVStore
 from torchflex_contract.progress import RankStall, RestartReason
 from torchflex_contract.store_keys import (
     ACTIVITY,
+    ARRIVALS,
     CLOSED,
+    CURRENT_ROUND,
     FAILURE,
     FAILURE_COUNTED,
     FINISHED,
@@ -43,6 +46,7 @@ from torchflex_contract.store_keys import (
     INCARNATION,
     JOB_CLOSED,
     LOST,
+    NODE,
     NODE_CHECKS,
     RESTARTS,
     SPEED,
@@ -56,6 +60,8 @@ from torchflex_contract.store_keys import (
 log = logging.getLogger(__name__)
 
 _LOST_CAS_ATTEMPTS = 16
+# Rounds an onlooker steps past its guess in one read (more: the next read goes on).
+_PEEK_HOPS = 8
 
 
 def _restart_count(raw: bytes | None) -> int:
@@ -299,3 +305,53 @@ class RoundRecords:
         index = self._store.take_ticket(self.keys.key(NODE_CHECKS, "count")) - 1
         raw = json.dumps({"node": self.node.node_id, "gflops": gflops}).encode()
         self._store.set(self.keys.key(NODE_CHECKS, index), raw)
+
+    # -- another role's rounds (loop.roster) ----------------------------
+
+    def for_run(self, run_id: str) -> RoundRecords:
+        """The records of another key id (another role of the job) on this connection."""
+        return RoundRecords(self._store, Keys(run_id), self.node)
+
+    def peek_round(self, guess: int) -> RoundPeek:
+        """The newest closed round as an onlooker sees it, and whether a newer one forms.
+
+        ``CURRENT_ROUND`` is only a hint (members re-join at ``round + 1`` without
+        moving it), so the read starts at the later of it and ``guess`` and steps
+        on while the next round closed too. One request while the round stays
+        the same (plus one for the hint); writes nothing.
+        """
+        hint_raw, *got = self._store.get_many([self.keys.key(CURRENT_ROUND), *self._peek(guess)])
+        hint = parse_counter(hint_raw)
+        if hint is None:
+            return RoundPeek(-1, None, False, True)
+        round_no = max(guess, hint)
+        if round_no != guess:
+            got = self._store.get_many(self._peek(round_no))
+        for _ in range(_PEEK_HOPS):
+            closed, stale, next_closed, next_arrivals = got
+            if next_closed is None:
+                break
+            round_no += 1
+            got = self._store.get_many(self._peek(round_no))
+        if closed is not None:
+            members = decode_membership(closed)
+            return RoundPeek(round_no, members, stale is not None, next_arrivals is not None)
+        if round_no > 0:  # round_no is open: its members are still the last round's
+            (before,) = self._store.get_many([round_key(self.keys, round_no - 1, CLOSED)])
+            if before is not None:
+                return RoundPeek(round_no - 1, decode_membership(before), True, True)
+        return RoundPeek(round_no, None, stale is not None, True)
+
+    def arrived(self, round_no: int, count: int) -> list[NodeDescriptor]:
+        """The descriptors of a round's first ``count`` arrivals that published one."""
+        keys = [round_key(self.keys, round_no, NODE, i) for i in range(count)]
+        raws = self._store.get_many(keys) if keys else []
+        return [NodeDescriptor.from_json(json.loads(raw)) for raw in raws if raw is not None]
+
+    def _peek(self, round_no: int) -> list[str]:
+        return [
+            round_key(self.keys, round_no, CLOSED),
+            round_key(self.keys, round_no, STALE),
+            round_key(self.keys, round_no + 1, CLOSED),
+            round_key(self.keys, round_no + 1, ARRIVALS),
+        ]

@@ -55,13 +55,14 @@ from torchflex_agent.rendezvous.logic import RendezvousResult
 from torchflex_agent.workers import hangs, rootcause
 from torchflex_agent.workers.logic import GroupState
 from torchflex_agent.workers.prewarm import ForkServer, ZygoteGoneError, python_launch
+from torchflex_agent.workers.roster import format_role_ranks
 from torchflex_contract import env as tfenv
 from torchflex_contract.progress import HangKind, HangReport, RootCause
+from torchflex_contract.roles import DEFAULT_ROLE
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-_ROLE_NAME = "default"
 # Lines of each worker's stderr kept for a traceback when it wrote no error file.
 _STDERR_TAIL_LINES = 200
 # How long failed workers' stderr may take to reach EOF before their tails are read.
@@ -86,6 +87,13 @@ class LaunchContext:
     """The agent's in-memory folder for the state API's copies (``memstate.shm``)."""
     teardown_grace: float = tfenv.DEFAULT_TEARDOWN_GRACE_S
     """Seconds a worker whose script returned may take to exit (``finished_file``)."""
+    role: str = DEFAULT_ROLE
+    """The workers' ``ROLE_NAME`` (``--role``)."""
+    joint: bool = False
+    """The round spans every role (Joint): ``RANK``/``WORLD_SIZE`` are global,
+    ``ROLE_RANK``/``ROLE_WORLD_SIZE`` per role, and ``env.ROLE_RANKS`` lists them."""
+    roles_file: Path | None = None
+    """The agent's roles file (``workers.roster``), named in ``env.ROLES_FILE``."""
 
 
 def worker_env(
@@ -93,6 +101,9 @@ def worker_env(
 ) -> dict[str, str]:
     """The environment torchrun gives local worker ``local_rank`` of this round."""
     rank = result.rank_offset + local_rank
+    role_rank, role_world = rank, result.world_size
+    if ctx.joint:  # torchrun --role: ranks counted within the role, in node order
+        role_rank, role_world = result.role_rank_offset + local_rank, result.role_world_size
     env = worker_base_env(base)
     env.update(
         {
@@ -102,9 +113,9 @@ def worker_env(
             "LOCAL_WORLD_SIZE": str(ctx.nproc),
             "GROUP_RANK": str(result.node_rank),
             "GROUP_WORLD_SIZE": str(result.num_nodes),
-            "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(result.world_size),
-            "ROLE_NAME": _ROLE_NAME,
+            "ROLE_RANK": str(role_rank),
+            "ROLE_WORLD_SIZE": str(role_world),
+            "ROLE_NAME": ctx.role,
             "MASTER_ADDR": result.master.addr,
             "MASTER_PORT": str(result.master.port),
             "TORCHELASTIC_RESTART_COUNT": str(ctx.restart_count),
@@ -121,6 +132,13 @@ def worker_env(
     )
     if ctx.state_dir is not None:
         env[tfenv.STATE_DIR] = str(ctx.state_dir)
+    ports = result.me.service_ports
+    if local_rank < len(ports):
+        env[tfenv.SERVICE_PORT] = str(ports[local_rank])
+    if ctx.roles_file is not None:
+        env[tfenv.ROLES_FILE] = str(ctx.roles_file)
+    if ctx.joint:
+        env[tfenv.ROLE_RANKS] = format_role_ranks(result.nodes)
     return env
 
 

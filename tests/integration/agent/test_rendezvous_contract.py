@@ -26,6 +26,7 @@ from torchflex_agent.rendezvous.liveness import LivenessSettings, RoundMonitor
 from torchflex_agent.rendezvous.logic import NodeDescriptor, RendezvousResult, RendezvousSettings
 from torchflex_agent.rendezvous.protocol import Rendezvous, RendezvousInterruptedError
 from torchflex_contract.progress import RestartReason
+from torchflex_contract.roles import RoleSize
 from torchflex_contract.store_keys import ARRIVALS, HEARTBEAT, Keys, round_key
 
 LIVENESS = LivenessSettings(heartbeat_interval=0.2, timeout=1.5)
@@ -347,3 +348,32 @@ def test_stop_while_joining_aborts_the_round(backend: Backend) -> None:
     results = [o.result for o in late if o.result]
     assert_one_group(results, 3)
     assert results[0].round >= 1
+
+
+@pytest.mark.timeout(60)
+def test_joint_round_admits_by_role_and_an_onlooker_reads_it(backend: Backend) -> None:
+    """Multi-role jobs (issue 29) on every backend: a Joint round of trainer 1:1 and
+    ps 2:2 closes once every role is at its maximum, ordered by role whatever the
+    arrival order; ``peek_round`` reads it from another key id without writing."""
+    roles = (RoleSize("trainer", 1, 1), RoleSize("ps", 2, 2))
+    settings = RendezvousSettings.joint(roles, last_call=30.0, join_timeout=60, liveness=1.5)
+    run_id = new_run_id()
+    arrivals = [("p0", "ps"), ("t0", "trainer"), ("p1", "ps")]
+    rdzvs = [
+        Rendezvous(
+            backend.connect(), run_id, NodeDescriptor(n, "127.0.0.1", 1, 1, role=r), settings
+        )
+        for n, r in arrivals
+    ]
+    outcomes = join_all(rdzvs, stagger=0.05)
+    assert [o.error for o in outcomes] == [None] * 3
+    results = [o.result for o in outcomes if o.result]
+    assert {tuple(n.role for n in r.nodes) for r in results} == {("trainer", "ps", "ps")}
+    onlooker = make_rdzv(backend, f"{run_id}.other", "watcher", settings).for_run(run_id)
+    peek = onlooker.peek_round(0)
+    assert (peek.round, peek.stale, peek.forming) == (results[0].round, False, False)
+    assert peek.nodes == results[0].nodes
+    assert (
+        make_rdzv(backend, run_id, "x", settings).for_run(f"{run_id}.none").peek_round(0).round
+        == -1
+    )

@@ -19,10 +19,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn, TypeVar
 
 from torchflex_agent.errors import ConfigError
+from torchflex_agent.rendezvous.logic import RendezvousSettings
 from torchflex_agent.stores import logic as rdzv_endpoints
 from torchflex_agent.stores.logic import Endpoint
 from torchflex_contract import env as tfenv
 from torchflex_contract.rendezvous_backends import DEFAULT_BACKEND, RendezvousBackend
+from torchflex_contract.roles import (
+    DEFAULT_ROLE,
+    Coupling,
+    RoleSize,
+    RoleSizesError,
+    parse_role_sizes,
+    role_name_problem,
+)
 
 _T = TypeVar("_T")
 
@@ -62,11 +71,49 @@ class AgentConfig:
     hang_timeout: float | None = None
     """Seconds without progress anywhere before a hang is declared; None: derived from the
     job's step times (``loop.logic.stall``); 0: no hang detection."""
+    role: str = DEFAULT_ROLE
+    """This agent's training role (``--role``); ``DEFAULT_ROLE``: a single-role job."""
+    coupling: Coupling = Coupling.INDEPENDENT
+    """How the job's roles rendezvous (``--coupling``); only read when ``role_sizes`` is set."""
+    role_sizes: tuple[RoleSize, ...] = ()
+    """Every role of the job in spec order (``--role-sizes``); empty: one role."""
+
+    @property
+    def rdzv_key_id(self) -> str:
+        """The id this agent's rendezvous keys live under (``store_keys.Keys``).
+
+        A role of an Independent job has its own, ``<rdzv-id>.<role>``: its own rounds,
+        heartbeats, lost lists and restart count, with no change to the protocol. A
+        single-role job (no ``--role``) and a Joint job keep the job's id as it is.
+        """
+        return role_key_id(self.run_id, self.role, self.coupling)
 
     @property
     def store_name(self) -> str:
         """The rendezvous store as logs name it: backend and endpoints."""
         return rdzv_endpoints.describe(self.rdzv_backend, self.endpoints)
+
+
+def rendezvous_settings(config: AgentConfig) -> RendezvousSettings:
+    """The rendezvous this agent joins: its own role's range, or, Joint, every role's."""
+    if config.role_sizes and config.coupling is Coupling.JOINT:
+        return RendezvousSettings.joint(
+            config.role_sizes, config.last_call, config.join_timeout, config.liveness_timeout
+        )
+    return RendezvousSettings(
+        config.min_nodes,
+        config.max_nodes,
+        config.last_call,
+        config.join_timeout,
+        config.liveness_timeout,
+    )
+
+
+def role_key_id(run_id: str, role: str, coupling: Coupling) -> str:
+    """The rendezvous key id of ``role`` in a job (see ``AgentConfig.rdzv_key_id``)."""
+    if role == DEFAULT_ROLE or coupling is Coupling.JOINT:
+        return run_id
+    return f"{run_id}.{role}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -154,7 +201,14 @@ class _Flag:
 
 
 _FLAGS: tuple[_Flag, ...] = (
-    _Flag(("--nnodes",), "nnodes", tfenv.NNODES, "1", "N or MIN:MAX nodes in the job"),
+    _Flag(
+        ("--nnodes",),
+        "nnodes",
+        tfenv.NNODES,
+        "",
+        "N or MIN:MAX nodes in the job, or in this role (unset: 1, or the role's range in "
+        "--role-sizes)",
+    ),
     _Flag(
         ("--nproc-per-node", "--nproc_per_node"),
         "nproc_per_node",
@@ -182,6 +236,29 @@ _FLAGS: tuple[_Flag, ...] = (
         tfenv.RDZV_ID,
         "",
         "the job's unique id: agents with the same id form one group",
+    ),
+    _Flag(
+        ("--role",),
+        "role",
+        tfenv.ROLE,
+        DEFAULT_ROLE,
+        "this node's training role (torchrun's flag): ROLE_NAME of its workers; with "
+        "--role-sizes, one of the job's roles",
+    ),
+    _Flag(
+        ("--coupling",),
+        "coupling",
+        tfenv.COUPLING,
+        Coupling.INDEPENDENT.value,
+        "how the roles rendezvous: Independent (each role its own group) or Joint (one "
+        "group, contiguous ranks per role; torchrun --role semantics)",
+    ),
+    _Flag(
+        ("--role-sizes",),
+        "role_sizes",
+        tfenv.ROLE_SIZES,
+        "",
+        "every role of the job in order, NAME=MIN:MAX joined by ',' (trainer=2:2,reader=1:4)",
     ),
     _Flag(
         ("--rdzv-last-call",),
@@ -344,7 +421,8 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         command = command[1:]
     if not command:
         raise ConfigError("missing training command (torchflex-agent [options] -- cmd ...)")
-    lo, hi = parse_nnodes(ns.nnodes)
+    role, coupling, sizes = parse_roles(ns.role, ns.coupling, ns.role_sizes)
+    lo, hi = role_nnodes(ns.nnodes, role, sizes)
     backend = rdzv_endpoints.backend_name(ns.rdzv_backend)
     run_id = ns.rdzv_id
     if not run_id or run_id == "none":
@@ -394,7 +472,52 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         ),
         hang_timeout=parse_hang_timeout(ns.hang_timeout),
         node_check=ns.node_check == "on",
+        role=role,
+        coupling=coupling,
+        role_sizes=sizes,
     )
+
+
+def parse_roles(role: str, coupling: str, sizes: str) -> tuple[str, Coupling, tuple[RoleSize, ...]]:
+    """``--role``, ``--coupling`` and ``--role-sizes``, checked together."""
+    role = role.strip() or DEFAULT_ROLE
+    if role != DEFAULT_ROLE:
+        problem = role_name_problem(role)
+        if problem is not None:
+            raise ConfigError(f"--role: {problem}")
+    by_name = {c.value.lower(): c for c in Coupling}
+    got = by_name.get(coupling.strip().lower() or Coupling.INDEPENDENT.value.lower())
+    if got is None:
+        raise ConfigError(f"--coupling: expected Independent|Joint, got {coupling!r}")
+    try:
+        parsed = parse_role_sizes(sizes) if sizes.strip() else ()
+    except RoleSizesError as exc:
+        raise ConfigError(f"--role-sizes: {exc}") from None
+    names = [s.name for s in parsed]
+    if parsed and role not in names:
+        raise ConfigError(
+            f"--role: {role!r} is not one of the roles in --role-sizes ({', '.join(names)})"
+        )
+    if got is Coupling.JOINT and not parsed:
+        raise ConfigError("--coupling: Joint needs --role and --role-sizes (every role's range)")
+    return role, got, parsed
+
+
+def role_nnodes(text: str, role: str, sizes: tuple[RoleSize, ...]) -> tuple[int, int]:
+    """This agent's ``--nnodes`` range: the flag's, else its role's in ``--role-sizes``, else 1.
+
+    Both given must agree: the operator writes the role's range into both.
+    """
+    mine = next((s for s in sizes if s.name == role), None)
+    if not text.strip():
+        return (mine.min_nodes, mine.max_nodes) if mine is not None else (1, 1)
+    lo, hi = parse_nnodes(text)
+    if mine is not None and (lo, hi) != (mine.min_nodes, mine.max_nodes):
+        raise ConfigError(
+            f"--nnodes: {text!r} disagrees with role {role!r} in --role-sizes "
+            f"({mine.min_nodes}:{mine.max_nodes})"
+        )
+    return lo, hi
 
 
 def parse_hang_timeout(text: str) -> float | None:
