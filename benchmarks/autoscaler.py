@@ -48,7 +48,7 @@ from benchmarks.cli import BenchCli, positive_int
 from benchmarks.report import markdown_table, summarize
 from e2e.autoscaler import autoscaler
 from e2e.autoscaler.cloud import TestCloud
-from e2e.autoscaler.groups import Groups, GroupSpec
+from e2e.autoscaler.groups import GROUP_LABEL, Groups, GroupSpec
 from e2e.cluster import Cluster, ensure_up, restart_scheduler
 from e2e.cluster.controlplane import SCHEDULER_POD_MAX_BACKOFF_S
 from e2e.operator_proc import OperatorProcess
@@ -119,10 +119,20 @@ def _observe(
     asked = [(t, node) for t, kind, node in cloud.timeline if kind == "requested"]
     if not asked:
         return Trial(problem=f"{pod} trained at world 2 with no node requested: {cloud.timeline}")
-    marks = object_marks(rec.records("pod", pod), rec.records("node", asked[0][1]))
-    marks["requested"] = asked[0][0] + to_wall
+    requested = asked[0][0] + to_wall
+    # A node of the same name from the run before may still be seen until its Node
+    # object is deleted: only what was seen after the request is the new node.
+    node = [r for r in rec.records("node", asked[0][1]) if r[0] >= requested]
+    marks = object_marks(rec.records("pod", pod), node)
+    marks["requested"] = requested
     marks.update(log_marks(_pod_log(cluster, pod), world=2))
     return Trial(marks=marks)
+
+
+def _cloud_nodes(cloud: TestCloud) -> bool:
+    """Whether the cloud has an instance, or its Node object is still there."""
+    nodes = cloud.core.list_node(label_selector=GROUP_LABEL, _request_timeout=10).items
+    return bool(cloud.groups.instances or nodes)
 
 
 def run_trial(cluster: Cluster, cloud: TestCloud, rep: int) -> Trial:
@@ -139,7 +149,7 @@ def run_trial(cluster: Cluster, cloud: TestCloud, rep: int) -> Trial:
         finally:
             cluster.kubectl("delete", f"ej/{job_name}", "-n", NAMESPACE, "--wait=true", check=False,
                             timeout=120)  # fmt: skip
-    gone = poll_until(lambda: not cloud.groups.instances, SCALE_DOWN_LIMIT_S, 1.0)
+    gone = poll_until(lambda: not _cloud_nodes(cloud), SCALE_DOWN_LIMIT_S, 1.0)
     if not gone and trial.problem is None:
         trial.problem = f"run {rep + 1}: idle node not removed in {SCALE_DOWN_LIMIT_S:.0f} s"
     if trial.problem is None and trial.parts() is None:
