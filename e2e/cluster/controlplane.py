@@ -42,8 +42,8 @@ RUNTIME_CONFIG = "--runtime-config=scheduling.k8s.io/v1beta1=true"
 # jobs beside cluster-autoscaler would set (docs/operations.md, issue 32): v1.37's pod
 # group cycle puts a gang that failed to schedule in the backoff queue, not among the
 # unschedulable pods a Node's arrival wakes, so a new node waits out the rest of the
-# backoff (1, 2, 4, 8, 10 s ...): 2-10 s of every autoscaler growth. At 1 s a gang is
-# tried again every 1-2 s while it waits (1 s backoff, flushed on a 1 s tick).
+# gang's backoff (1, 2, 4, 8, 10 s, each ended on a 1 s flush): up to 11 s of an
+# autoscaler growth. At 1 s a waiting gang is tried every 2 s.
 SCHEDULER_POD_MAX_BACKOFF_S = 1
 
 
