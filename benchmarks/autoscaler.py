@@ -216,7 +216,12 @@ def markdown(trials: list[Trial], result: dict[str, Any], max_backoff_s: int) ->
         f"1-minute load average at the end of the run: {os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} cores (other work shared the machine when it is above 2).\n\n"
         + _table(trials, result, MAIN)
-        + "\n\nThe join (Node Ready to the first step at world size 2), phase by phase:\n\n"
+        + "\n\nThe join (Node Ready to the first step at world size 2), phase by phase:\n"
+        "scheduling = Node Ready -> the pod bound (the scheduler's next try of the gang);\n"
+        "pod start = bound -> Running (the process kubelet); agent imports = Running ->\n"
+        "the agent's fork server ready (torch imported); rendezvous = -> workers started\n"
+        "in the new round; first step = -> the new worker's first step at world size 2.\n"
+        "Watch events stamped on arrival, the agent's log stamps, the worker's t= stamp.\n\n"
         + _table(trials, result, JOIN_SPLIT)
         + ("\n\nProblems:\n" + problems if problems else "")
     )
