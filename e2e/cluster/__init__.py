@@ -8,6 +8,6 @@ e2e.cluster``) and the pytest ``cluster`` fixture use :func:`ensure_up` and
 """
 
 from e2e.cluster.handle import Cluster
-from e2e.cluster.lifecycle import ensure_up, tear_down
+from e2e.cluster.lifecycle import ensure_up, restart_scheduler, tear_down
 
-__all__ = ["Cluster", "ensure_up", "tear_down"]
+__all__ = ["Cluster", "ensure_up", "restart_scheduler", "tear_down"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from e2e.cluster import enforcer, firewall, network, pki, processes
 from e2e.cluster.controlplane import (
+    SCHEDULER_POD_MAX_BACKOFF_S,
     ClusterStartError,
     Ports,
     apiserver_argv,
@@ -176,6 +177,17 @@ def ensure_up(root: Path | None = None, nodes: list[str] | None = None) -> Clust
     if os.environ.get(enforcer.ENV_START_WITH_CLUSTER) == "1":
         enforcer.start(lay, bin_dir, nodes[0])
     return cluster
+
+
+def restart_scheduler(cluster: Cluster, max_backoff_s: int = SCHEDULER_POD_MAX_BACKOFF_S) -> None:
+    """Run the cluster's scheduler again with ``podMaxBackoffSeconds`` = ``max_backoff_s``
+    (``benchmarks.autoscaler --scheduler-max-backoff``: the figure before and after)."""
+    lay = cluster.layout
+    processes.stop(lay.pids, "kube-scheduler")
+    argv = scheduler_argv(cluster.bin_dir, lay, Ports.load(lay.info), max_backoff_s)
+    processes.spawn("kube-scheduler", argv, lay.pids, lay.logs)
+    port = Ports.load(lay.info).scheduler
+    _wait_insecure(f"https://127.0.0.1:{port}/healthz", "kube-scheduler", lay, "kube-scheduler")
 
 
 def tear_down(root: Path | None = None, remove_state: bool = True) -> None:
