@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks._rdzv_roles import paired, ratio
 from benchmarks._rdzv_stats import (
     MemberResult,
     TrialOutcome,
@@ -126,3 +127,15 @@ def test_a_role_that_did_not_form_its_group_voids_the_trial() -> None:
     out = evaluate_roles(4, 2, members)
     assert out.latency is None and out.problem is not None and out.problem.startswith("role 0")
     assert MemberResult.from_json(members[1].to_json()) == members[1]
+
+
+def test_the_paired_ratio_compares_trials_run_back_to_back() -> None:
+    def t(latency: float | None) -> TrialOutcome:
+        return TrialOutcome(64, latency, 0.0, None if latency else "failed")
+
+    # Load drifts 10x over the run: the medians' ratio says 0.55, the pairs say 1.0.
+    one = [t(0.1), t(1.0), t(1.0)]
+    split = [t(0.1), t(1.0), t(None)]
+    assert paired(one, split) == pytest.approx(1.0)
+    assert ratio(one, split) == pytest.approx(0.55 / 1.0)
+    assert paired([t(None)], [t(0.1)]) is None
