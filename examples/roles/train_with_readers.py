@@ -59,13 +59,14 @@ def recv_exactly(conn: socket.socket, size: int) -> bytes:
 
 
 def handle(conn: socket.socket) -> None:
+    """One trainer's connection: a batch per request, until the trainer goes."""
     with conn:
         while True:
             try:
                 step, rank = REQUEST.unpack(recv_exactly(conn, REQUEST.size))
-            except ConnectionError:
+                conn.sendall(make_batch(step, rank))
+            except OSError:  # the trainer closed, finished or died
                 return
-            conn.sendall(make_batch(step, rank))
             print(f"served step={step} to rank={rank}", flush=True)
 
 
@@ -159,7 +160,8 @@ def train(args: argparse.Namespace) -> int:
         opt.load_state_dict(state["opt"])
         done = int(state["step"])
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    print(f"trainer start step={done} restarts={restarts} pid={os.getpid()}", flush=True)
+    where = f"round={os.environ.get('TORCHFLEX_ROUND', '0')} restarts={restarts}"
+    print(f"trainer start step={done} {where} pid={os.getpid()}", flush=True)
     ddp = DistributedDataParallel(model)
     client = ReaderClient(args.patience)
     while done < args.steps:

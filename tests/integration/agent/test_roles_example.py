@@ -82,7 +82,7 @@ def test_trainers_keep_their_steps_while_a_reader_is_killed_and_replaced(tmp_pat
         for log in trainers:
             # One start per rank: no restart, no resume; every step exactly once.
             starts = [m.group(0) for _, m in log.matching(r"trainer start .*")]
-            assert len(starts) == 1 and "step=0 restarts=0" in starts[0], starts
+            assert len(starts) == 1 and "step=0 round=0 restarts=0" in starts[0], starts
             assert list(steps(log).values()) == [list(range(1, STEPS + 1))]
         assert job.ckpt_meta().step == STEPS
         # The survivor re-formed (its worker restarted) at least once, serving again.
