@@ -90,6 +90,7 @@ def body(
     reps: int,
     roles: int,
     load: str,
+    procs: int,
 ) -> str:
     header = ["N", "backend", "one role of N", f"{roles} roles of N/{roles}",
               "split / one (medians)", "split / one (paired)"]  # fmt: skip
@@ -103,7 +104,8 @@ def body(
 N agents joining at once as one role (min = max = N), against the same N
 agents split over {roles} Independent roles of N/{roles} (each role its own
 rendezvous under its own key id, `<rdzv-id>.<role>`, as a multi-role job's
-agents run them, on the same store at the same time). {reps} repetitions per
+agents run them, on the same store at the same time), hosted as in the main
+table in min(N, {procs}) processes, member i in role i mod {roles}. {reps} repetitions per
 cell, the two layouts alternating within each repetition; median (min-max)
 in milliseconds. Latency as in the main table, over all N agents: from the
 last join of any role to the moment every agent of every role holds its
@@ -137,6 +139,7 @@ def run(
     sizes: Sequence[int],
     reps: int,
     roles: int,
+    procs: int,
 ) -> int:
     """Measure, print and (unless ``--no-write``/``--quick``) write the section."""
     bad = [n for n in sizes if n % roles]
@@ -146,7 +149,9 @@ def run(
     before = os.getloadavg()
     results = measure(trial, systems=systems, sizes=sizes, reps=reps, roles=roles)
     load = load_line(before, os.getloadavg())
-    text = body(results, systems=systems, sizes=sizes, reps=reps, roles=roles, load=load)
+    text = body(
+        results, systems=systems, sizes=sizes, reps=reps, roles=roles, load=load, procs=procs
+    )
     print(text)
     bench.write_section("rendezvous-roles", "Rendezvous latency: one role vs roles", text)
     return 0

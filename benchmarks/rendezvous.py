@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                 return run_trial(hosts, system, n, ports[system], args.timeout, roles=roles)
 
             return _rdzv_roles.run(bench, trial, systems=tried, sizes=sizes, reps=reps,
-                                   roles=args.roles)  # fmt: skip
+                                   roles=args.roles, procs=args.procs)  # fmt: skip
         store_cpu: dict[int, list[float]] = {}
         load_before = os.getloadavg()[0]
         t0 = time.monotonic()

@@ -11,7 +11,9 @@ the final checkpoint at step N.
 ``ps_rpc.py``, Joint: one ``ps`` agent and two ``trainer`` agents run the RFC's
 parameter-server example over ``torch.distributed.rpc`` to the end: every agent
 exits 0, each trainer ran every step once with the same averaged loss, and the
-server applied every push.
+server applied every push; then again with one trainer agent SIGKILLed and
+replaced mid-run: every role re-forms (Joint, and RPC's world is static) and
+the job still ends with every agent exiting 0.
 """
 
 from __future__ import annotations
@@ -94,21 +96,32 @@ PS_SIZES = "trainer=2:2,ps=1:1"
 PS_STEPS = 20
 
 
-@pytest.mark.timeout(420)
-def test_ps_rpc_example_runs_to_the_end_with_joint_coupling(tmp_path: Path) -> None:
+def need_rpc() -> None:
     from torch.distributed import rpc
 
     if not rpc.is_available():
         pytest.skip("torch.distributed.rpc.is_available() is False in this torch build")
-    # TensorPipe (RPC's transport) on loopback only, like everything here.
-    with Job(tmp_path, agent_env={"TP_SOCKET_IFNAME": "lo"}) as job:
+
+
+def start_ps_role(job: Job, role: str, steps: int) -> LineLog:
+    extra = ["--prewarm", "off", "--role", role, "--role-sizes", PS_SIZES,
+             "--coupling", "Joint", "--rdzv-join-timeout", "180"]  # fmt: skip
+    nodes = "1:1" if role == "ps" else "2:2"
+    return job.start_agent([PYTHON, PS_EXAMPLE, "--steps", str(steps)], nodes, extra)
+
+
+# TensorPipe (RPC's transport) on loopback only, like everything here.
+RPC_ENV = {"TP_SOCKET_IFNAME": "lo"}
+
+
+@pytest.mark.timeout(420)
+def test_ps_rpc_example_runs_to_the_end_with_joint_coupling(tmp_path: Path) -> None:
+    need_rpc()
+    with Job(tmp_path, agent_env=RPC_ENV) as job:
         job.start_store()
         logs: dict[str, LineLog] = {}
-        for role, nodes in (("ps", "1:1"), ("trainer", "2:2"), ("trainer", "2:2")):
-            extra = ["--prewarm", "off", "--role", role, "--role-sizes", PS_SIZES,
-                     "--coupling", "Joint", "--rdzv-join-timeout", "180"]  # fmt: skip
-            log = job.start_agent([PYTHON, PS_EXAMPLE, "--steps", str(PS_STEPS)], nodes, extra)
-            logs[f"{role}{len(logs)}"] = log
+        for role in ("ps", "trainer", "trainer"):
+            logs[f"{role}{len(logs)}"] = start_ps_role(job, role, PS_STEPS)
         codes = {name: log.proc.wait(300) for name, log in logs.items()}
         assert set(codes.values()) == {0}, {n: log.text()[-3000:] for n, log in logs.items()}
         avg: dict[int, list[str]] = {}
@@ -119,3 +132,25 @@ def test_ps_rpc_example_runs_to_the_end_with_joint_coupling(tmp_path: Path) -> N
             avg[rank] = [m.group(3) for _, m in got]
         assert avg[0] == avg[1]  # averaged over role_group("trainer")
         assert logs["ps0"].matching(rf"ps applied {2 * PS_STEPS} updates")
+
+
+@pytest.mark.timeout(600)
+def test_ps_rpc_example_ends_after_a_trainer_is_killed_and_replaced(tmp_path: Path) -> None:
+    """Joint: a trainer agent's SIGKILL re-forms every role (RPC's world is static);
+    with a replacement trainer the job runs to the end, every agent exiting 0."""
+    need_rpc()
+    steps = 60
+    with Job(tmp_path, agent_env=RPC_ENV) as job:
+        job.start_store()
+        ps, kept, killed = (start_ps_role(job, r, steps) for r in ("ps", "trainer", "trainer"))
+        killed.wait_for(lambda s: "step=5 " in s, 300)
+        killed.proc.send_signal(signal.SIGKILL)
+        killed.proc.wait(10)
+        new = start_ps_role(job, "trainer", steps)
+        codes = [log.proc.wait(400) for log in (ps, kept, new)]
+        assert codes == [0, 0, 0], [log.text()[-3000:] for log in (ps, kept, new)]
+        for log in (ps, kept, new):  # one new round for every role
+            assert log.matching(r"round [1-9]\d*: node rank"), log.text()[-3000:]
+        assert ps.matching(rf"ps applied {2 * steps} updates")
+        last = [m.group(0) for _, m in kept.matching(rf"step={steps} ")]
+        assert len(last) == 1
