@@ -4,11 +4,14 @@ Where it sits: the driver starts a few of these (``python -m
 benchmarks._rdzv_host``) and keeps them for the whole run, so no trial pays a
 Python + torch start. It talks JSON lines on stdin/stdout:
 
-- ``{"op": "prepare", "system", "run_id", "n", "count", "port", "op_timeout"}``:
-  build ``count`` members of a rendezvous of ``n`` (each with its own store
-  connection, like separate agents; ``op_timeout``, if not null, is a
-  ``TCPKVStore``'s per-call deadline in place of the agent's), park their
-  threads, answer ``{"ready": true}``;
+- ``{"op": "prepare", "system", "run_id", "n", "count", "port", "op_timeout",
+  "roles", "first"}``: build ``count`` members of a rendezvous of ``n`` (each
+  with its own store connection, like separate agents; ``op_timeout``, if not
+  null, is a ``TCPKVStore``'s per-call deadline in place of the agent's), park
+  their threads, answer ``{"ready": true}``. With ``roles`` > 1 (torchflex
+  only) the trial's members, numbered from ``first`` on this host, alternate
+  over that many Independent roles of ``n / roles`` each, each role under its
+  own key id (``_rdzv_stats.role_key_id``), as a multi-role job's agents;
 - ``{"op": "go", "at": T, "timeout": S}``: at monotonic time ``T`` release
   every parked member at once; answer ``{"members": [...]}`` (see
   ``_rdzv_stats.MemberResult``) once all returned or ``S`` seconds passed;
@@ -32,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks._rdzv_stats import MemberResult
+from benchmarks._rdzv_stats import MemberResult, role_key_id, role_of
 
 SYSTEMS = ("torchflex-c10d", "torchflex-etcd", "torch-c10d")
 
@@ -44,9 +47,12 @@ os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 class Member:
     """One rendezvous participant: ``join`` returns (rank, world size); ``close`` cleans up."""
 
-    def __init__(self, join: Callable[[], tuple[int, int]], close: Callable[[], None]) -> None:
+    def __init__(
+        self, join: Callable[[], tuple[int, int]], close: Callable[[], None], role: int = 0
+    ) -> None:
         self.join = join
         self.close = close
+        self.role = role
         self.result: MemberResult | None = None
 
     def run(self, go: threading.Event) -> None:
@@ -55,9 +61,10 @@ class Member:
         try:
             rank, world = self.join()
         except Exception as exc:
-            self.result = MemberResult(start, time.monotonic(), None, None, repr(exc)[:300])
+            error = repr(exc)[:300]
+            self.result = MemberResult(start, time.monotonic(), None, None, error, self.role)
             return
-        self.result = MemberResult(start, time.monotonic(), rank, world)
+        self.result = MemberResult(start, time.monotonic(), rank, world, role=self.role)
 
 
 def _torchflex_member(
@@ -132,12 +139,27 @@ def _torch_member(run_id: str, n: int, port: int, timeout: float) -> Member:
 
 
 def build(
-    system: str, run_id: str, n: int, port: int, timeout: float, *, op_timeout: float | None = None
+    system: str,
+    run_id: str,
+    n: int,
+    port: int,
+    timeout: float,
+    *,
+    op_timeout: float | None = None,
+    roles: int = 1,
+    index: int = 0,
 ) -> Member:
+    """Member ``index`` of the trial (its role: ``role_of(index, roles)``)."""
     if system == "torch-c10d":
+        if roles != 1:
+            raise ValueError("torch-c10d has no Independent roles")
         return _torch_member(run_id, n, port, timeout)
     if system in ("torchflex-c10d", "torchflex-etcd"):
-        return _torchflex_member(system, run_id, n, port, timeout, op_timeout=op_timeout)
+        role = role_of(index, roles)
+        key_id = role_key_id(run_id, role, roles)
+        member = _torchflex_member(system, key_id, n // roles, port, timeout, op_timeout=op_timeout)
+        member.role = role
+        return member
     raise ValueError(f"unknown system {system!r}")
 
 
@@ -168,8 +190,10 @@ def serve() -> int:
                     cmd["port"],
                     cmd["timeout"],
                     op_timeout=cmd.get("op_timeout"),
+                    roles=int(cmd.get("roles", 1)),
+                    index=int(cmd.get("first", 0)) + i,
                 )
-                for _ in range(cmd["count"])
+                for i in range(cmd["count"])
             ]
             threads = [threading.Thread(target=m.run, args=(go,), daemon=True) for m in members]
             for t in threads:

@@ -12,6 +12,11 @@ records ``start`` (monotonic clock, taken just before it calls the join:
 clock for every process of the machine, so the stamps compare across the
 hosting processes. ``latency = max(done) - max(start)``: from the last join
 to the moment every member holds its rank.
+
+With ``roles`` (Independent roles, as a multi-role job's agents run them) the
+members form one group per role, each under its own key id, all at once: the
+trial counts if every role formed its group (``evaluate_roles``), and its
+latency is still from the last join of any role to the last rank of any.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class MemberResult:
     rank: int | None
     world: int | None
     error: str | None = None
+    role: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -40,6 +46,7 @@ class MemberResult:
             rank=None if raw.get("rank") is None else int(raw["rank"]),
             world=None if raw.get("world") is None else int(raw["world"]),
             error=raw.get("error"),
+            role=int(raw.get("role", 0)),
         )
 
 
@@ -63,6 +70,34 @@ def split_members(n: int, procs: int) -> list[int]:
     hosts = min(n, procs)
     base, extra = divmod(n, hosts)
     return [base + (1 if i < extra else 0) for i in range(hosts)]
+
+
+def role_of(index: int, roles: int) -> int:
+    """The role of the ``index``-th member of a trial: members alternate over the roles."""
+    return index % roles
+
+
+def role_key_id(run_id: str, role: int, roles: int) -> str:
+    """The key id role ``role`` uses: the agent's ``<rdzv-id>.<role>``, or ``run_id`` alone."""
+    return run_id if roles == 1 else f"{run_id}.role{role}"
+
+
+def evaluate_roles(n: int, roles: int, members: Sequence[MemberResult]) -> TrialOutcome:
+    """``n`` members over ``roles`` Independent roles: each role one group of ``n / roles``."""
+    if roles == 1:
+        return evaluate(n, members)
+    if n % roles:
+        raise ValueError(f"{n} members do not split evenly over {roles} roles")
+    for role in range(roles):
+        mine = [m for m in members if m.role == role]
+        out = evaluate(n // roles, mine)
+        if out.problem is not None:
+            return TrialOutcome(n, None, out.join_spread, f"role {role}: {out.problem}")
+    starts = [m.start for m in members]
+    if len(members) != n:
+        return TrialOutcome(n, None, max(starts) - min(starts), f"{len(members)} of {n} reported")
+    latency = max(m.done for m in members) - max(starts)
+    return TrialOutcome(n, latency, max(starts) - min(starts), None)
 
 
 def evaluate(n: int, members: Sequence[MemberResult]) -> TrialOutcome:

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks import report
+from benchmarks import _rdzv_roles, report
 from benchmarks._rdzv_host import SYSTEMS
-from benchmarks._rdzv_stats import MemberResult, TrialOutcome, evaluate, split_members
+from benchmarks._rdzv_stats import MemberResult, TrialOutcome, evaluate_roles, split_members
 from benchmarks._scale_procs import REPO, start_logged, wait_line
 from benchmarks.cli import BenchCli
 from e2e.localproc import free_port, pinned_binary, stop_process
@@ -119,17 +119,21 @@ class Host:
 
 
 def run_trial(
-    hosts: Sequence[Host], system: str, n: int, port: int, timeout: float
+    hosts: Sequence[Host], system: str, n: int, port: int, timeout: float, *, roles: int = 1
 ) -> TrialOutcome:
+    """One trial of ``n`` members, one role of ``n`` or ``roles`` Independent roles."""
     counts = split_members(n, len(hosts))
     run_id = f"bench-{uuid.uuid4().hex[:10]}"
     used = hosts[: len(counts)]
     op_timeout = LARGE_N_OP_TIMEOUT_S if n > TORCH_MAX_N else None
+    first = 0
     for host, count in zip(used, counts, strict=True):
         host.send(
             {"op": "prepare", "system": system, "run_id": run_id, "n": n, "count": count,
-             "port": port, "timeout": timeout, "op_timeout": op_timeout}
+             "port": port, "timeout": timeout, "op_timeout": op_timeout, "roles": roles,
+             "first": first}
         )  # fmt: skip
+        first += count
     for host in used:
         host.reply(60 + n)
     at = time.monotonic() + _RELEASE_LEAD_S
@@ -143,7 +147,7 @@ def run_trial(
         host.send({"op": "close"})
     for host in used:
         host.reply(60 + n)
-    return evaluate(n, members)
+    return evaluate_roles(n, roles, members)
 
 
 def measure(
@@ -409,6 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--procs", type=int, default=8, help="member-hosting processes (default 8)")
     cli.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     cli.add_argument("--timeout", type=float, default=90.0, help="per-trial bound in seconds")
+    cli.add_argument(
+        "--roles",
+        type=int,
+        default=1,
+        help="K > 1: instead of the main table, N agents as one role vs split over K "
+        "Independent roles, side by side (torchflex systems; section rendezvous-roles)",
+    )
     bench = cli.parse(argv)
     args = bench.args
     sizes = tuple(args.sizes or (QUICK_SIZES if bench.quick else SIZES))
@@ -439,6 +450,14 @@ def main(argv: list[str] | None = None) -> int:
         wait_line(work / "etcd.log", "serving client traffic", 60)
         ports = {"torchflex-c10d": store_port, "torch-c10d": store_port, "torchflex-etcd": client}
         hosts = [Host(work / f"host-{i}.log", work) for i in range(min(args.procs, max(sizes)))]
+        if args.roles > 1:
+            tried = [s for s in args.systems if s in _rdzv_roles.SYSTEMS]
+
+            def trial(system: str, n: int, roles: int) -> TrialOutcome:
+                return run_trial(hosts, system, n, ports[system], args.timeout, roles=roles)
+
+            return _rdzv_roles.run(bench, trial, systems=tried, sizes=sizes, reps=reps,
+                                   roles=args.roles, procs=args.procs)  # fmt: skip
         store_cpu: dict[int, list[float]] = {}
         load_before = os.getloadavg()[0]
         t0 = time.monotonic()

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._rdzv_stats import MemberResult, TrialOutcome, evaluate, split_members
+from benchmarks._rdzv_roles import paired, ratio
+from benchmarks._rdzv_stats import (
+    MemberResult,
+    TrialOutcome,
+    evaluate,
+    evaluate_roles,
+    role_key_id,
+    role_of,
+    split_members,
+)
 
 
 @pytest.mark.parametrize(
@@ -98,3 +107,35 @@ def test_the_loopback_resolver_wraps_a_command_only_where_it_can(tmp_path: Path)
     else:
         assert wrapped[-2:] == cmd and "--mount" in wrapped
         assert "nameserver 127.0.0.1" in (tmp_path / "resolv.conf").read_text()
+
+
+def _r(start: float, done: float, rank: int, role: int) -> MemberResult:
+    return MemberResult(start, done, rank, 2, role=role)
+
+
+def test_roles_each_form_their_own_group_and_time_over_all() -> None:
+    members = [_r(1.0, 1.5, 0, 0), _r(1.1, 1.4, 0, 1), _r(1.2, 1.3, 1, 0), _r(1.0, 1.9, 1, 1)]
+    out = evaluate_roles(4, 2, members)
+    assert out.problem is None
+    assert out.latency == pytest.approx(1.9 - 1.2)
+    assert [role_of(i, 2) for i in range(4)] == [0, 1, 0, 1]
+    assert role_key_id("job", 1, 2) == "job.role1" and role_key_id("job", 0, 1) == "job"
+
+
+def test_a_role_that_did_not_form_its_group_voids_the_trial() -> None:
+    members = [_r(1.0, 1.5, 0, 0), _r(1.1, 1.4, 0, 1), _r(1.2, 1.3, 0, 0), _r(1.0, 1.9, 1, 1)]
+    out = evaluate_roles(4, 2, members)
+    assert out.latency is None and out.problem is not None and out.problem.startswith("role 0")
+    assert MemberResult.from_json(members[1].to_json()) == members[1]
+
+
+def test_the_paired_ratio_compares_trials_run_back_to_back() -> None:
+    def t(latency: float | None) -> TrialOutcome:
+        return TrialOutcome(64, latency, 0.0, None if latency else "failed")
+
+    # Load drifts 10x over the run: the medians' ratio says 0.55, the pairs say 1.0.
+    one = [t(0.1), t(1.0), t(1.0)]
+    split = [t(0.1), t(1.0), t(None)]
+    assert paired(one, split) == pytest.approx(1.0)
+    assert ratio(one, split) == pytest.approx(0.55 / 1.0)
+    assert paired([t(None)], [t(0.1)]) is None
