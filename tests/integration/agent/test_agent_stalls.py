@@ -215,3 +215,36 @@ def test_node_check_passes_good_nodes_and_keeps_a_broken_one_out(tmp_path: Path)
         assert "joining the rendezvous" not in bad.text()
         assert [a.proc.wait(180) for a in good] == [0, 0], [a.text()[-2000:] for a in good]
         assert "step 200 world 2" in good[0].text() + good[1].text()
+
+
+@pytest.mark.timeout(300)
+def test_node_check_pairs_nodes_starting_together_for_a_collective(tmp_path: Path) -> None:
+    """``--node-check on``, the peer half: two agents started together both pass their
+    compute check, meet in the store's lobby and run a timed gloo all_reduce between
+    their addresses (127.0.0.1 here); each logs the collective's bus bandwidth and its
+    peer's pod. A third started alone after them (a replacement joining later) waits
+    for a peer in vain and passes on its compute half: "no peer checking at the same
+    time". All three then train together. The slower-than-peers and wrong-sum rules are
+    table-tested (``tests/unit/agent/test_agent_stalls.py``)."""
+    flags = [*FLAGS, "--node-check", "on"]
+    with Job(tmp_path, agent_env={"STEPS": "100"}, pod_names=True) as job:
+        job.start_store()
+        pair = [job.start_agent([PYTHON, SCRIPT], "3:3", flags) for _ in range(2)]
+        for log in pair:
+            log.wait_for(lambda s: "node check passed" in s, 150)
+        bandwidth = re.compile(r"all_reduce with (pod-\d): (\d+\.\d+) GB/s bus bandwidth")
+        peers = []
+        for i, log in enumerate(pair):
+            found = bandwidth.search(log.text())
+            assert found is not None, log.text()[-3000:]
+            assert float(found.group(2)) > 0, found.group(0)
+            peers.append(found.group(1))
+            print(f"NODE CHECK pod-{i}: {found.group(0)}")
+        assert peers == ["pod-1", "pod-0"], peers
+        alone = job.start_agent([PYTHON, SCRIPT], "3:3", flags)
+        alone.wait_for(lambda s: "node check passed" in s, 150)
+        assert "no peer checking at the same time" in alone.text(), alone.text()[-3000:]
+        assert "all_reduce with" not in alone.text()
+        agents = [*pair, alone]
+        assert [a.proc.wait(180) for a in agents] == [0, 0, 0], [a.text()[-2000:] for a in agents]
+        assert "step 100 world 3" in "".join(a.text() for a in agents)
