@@ -46,8 +46,11 @@ log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 120.0
 PEER_WAIT_S = 5.0
 """How long a node that passed its compute half waits for a peer checking at the same time."""
-LINK_TIMEOUT_S = 30.0
-"""The collective program's limit on connecting to its peer and on each all_reduce."""
+LINK_TIMEOUT_S = 20.0
+"""The collective program's limit on connecting to its peer and on each all_reduce.
+
+A connect that cannot reach the peer gives up after about twice this (c10d's
+TCPStore retries once), so the program as a whole gets four times it."""
 _PROGRAM = """
 import json, time, torch
 devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())] or ["cpu"]
@@ -97,20 +100,26 @@ try:
         group.allreduce([x]).wait()
     out["gbps"] = 4 * n * iters / (time.perf_counter() - t0) / 1e9
 except Exception as exc:
-    out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300].rstrip(".")
 print(json.dumps(out))
 """
 
 
 def _last_line(python: str, program: str, args: Sequence[str], timeout: float) -> str:
-    """Run ``program`` with ``python``; its last line of output (ValueError on a non-zero exit)."""
-    done = subprocess.run(
-        [python, "-c", program, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    """Run ``program`` with ``python``; its last line of output.
+
+    ValueError on a non-zero exit or a timeout (its text without the program's).
+    """
+    try:
+        done = subprocess.run(
+            [python, "-c", program, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ValueError(f"timed out after {timeout:g} s") from exc
     if done.returncode != 0:
         raise ValueError(f"exit code {done.returncode}: {done.stderr.strip()[-300:]}")
     return done.stdout.strip().splitlines()[-1]
@@ -127,7 +136,7 @@ def check_node(rdzv: Rendezvous, python: str) -> preflight.Verdict:
     """Run the check with ``python``; publish a pass, raise ``AgentExitError`` on a fail."""
     try:
         figures = preflight.parse_figures(_last_line(python, _PROGRAM, [], CHECK_TIMEOUT_S))
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+    except (OSError, ValueError, IndexError) as exc:
         text = f"node check failed to run: {exc}"
         raise AgentExitError(ExitCode.BAD_NODE, text) from exc
     records = rdzv.node_check_records()
@@ -157,6 +166,6 @@ def _collective(python: str, pairing: Pairing, addr: str) -> preflight.LinkFigur
     """The pair's timed all_reduce, this node's side; a failure to run is a failed figure."""
     args = [str(pairing.rank), pairing.host_addr, str(pairing.port), addr, str(LINK_TIMEOUT_S)]
     try:
-        return preflight.parse_link(_last_line(python, _LINK_PROGRAM, args, 2 * LINK_TIMEOUT_S))
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, KeyError) as exc:
+        return preflight.parse_link(_last_line(python, _LINK_PROGRAM, args, 4 * LINK_TIMEOUT_S))
+    except (OSError, ValueError, IndexError, KeyError) as exc:
         return preflight.LinkFigure(0.0, False, f"did not run: {exc}")
