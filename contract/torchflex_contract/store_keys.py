@@ -48,7 +48,9 @@ of the i-th agent that passed its node check (``gbps``: its all_reduce with a pe
 none), which later agents compare themselves with; ``node-check/lobby``: JSON offer
 ``{"node", "name", "addr", "port", "until"}`` of a node waiting for a peer to run its
 collective with, replaced (compare-and-set) by the claim ``{"claim", "by", "name"}`` that
-pairs it or by ``{"withdrawn"}`` when its wait ends."""
+pairs it or by ``{"withdrawn"}`` when its wait ends; ``node-check/started`` and
+``node-check/ended``: ticket counters of the agents that began and ended their check (a
+node in the lobby waits longer while others are still checking)."""
 INCARNATION: Final = "incarnation"
 """Random id written once per store lifetime (``compare_set`` from absent): a restarted
 c10d store starts round numbering again at 0 under a new id, so checkpoints only

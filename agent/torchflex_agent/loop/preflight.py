@@ -6,8 +6,9 @@ in the training command's interpreter (the agent never imports torch).
 Compute: a timed 512x512 matmul on each device the workers would use (each
 GPU, else the CPU), each device's result compared with the CPU's;
 ``loop.logic.preflight.verdict`` compares the node's slowest device with the
-agents that passed before it. Network: a node that passed that waits up to
-``PEER_WAIT_S`` for another node checking at the same time (a job's pods start
+agents that passed before it. Network: a node that passed that waits
+``PEER_WAIT_S`` (up to ``PEER_MAX_WAIT_S`` while other nodes are still in their
+check) for another node checking at the same time (a job's pods start
 together) in the store's lobby (``rendezvous.node_check``); paired, the two run
 a timed gloo all_reduce of 4 MiB over TCP between their addresses (the one that
 waited hosts the pair's TCPStore on the port it announced), and
@@ -36,7 +37,7 @@ from typing import NoReturn
 from torchflex_agent.loop.logic import preflight
 from torchflex_agent.loop.node import free_port
 from torchflex_agent.loop.supervise import AgentExitError
-from torchflex_agent.rendezvous.node_check import Pairing
+from torchflex_agent.rendezvous.node_check import NodeCheckRecords, Pairing
 from torchflex_agent.rendezvous.protocol import Rendezvous
 from torchflex_agent.workers.prewarm import python_launch
 from torchflex_contract.exit_codes import ExitCode
@@ -45,7 +46,9 @@ log = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 120.0
 PEER_WAIT_S = 5.0
-"""How long a node that passed its compute half waits for a peer checking at the same time."""
+"""How long a node that passed its compute half waits for a peer checking at the same time..."""
+PEER_MAX_WAIT_S = 30.0
+"""... and at most, while other nodes are still in their check."""
 LINK_TIMEOUT_S = 20.0
 """The collective program's limit on connecting to its peer and on each all_reduce.
 
@@ -134,26 +137,38 @@ def check_interpreter(command: Sequence[str]) -> str:
 
 def check_node(rdzv: Rendezvous, python: str) -> preflight.Verdict:
     """Run the check with ``python``; publish a pass, raise ``AgentExitError`` on a fail."""
+    records = rdzv.node_check_records()
+    records.begin()
+    try:
+        got, linked = _check(records, python, rdzv.node.addr)
+    finally:
+        records.end()
+    log.info("node check passed: %s; %s", got.reason, linked.reason)
+    records.publish(got.gflops, linked.gbps)
+    return got
+
+
+def _check(
+    records: NodeCheckRecords, python: str, addr: str
+) -> tuple[preflight.Verdict, preflight.LinkVerdict]:
+    """Both halves' verdicts, passed; ``AgentExitError`` on a fail."""
     try:
         figures = preflight.parse_figures(_last_line(python, _PROGRAM, [], CHECK_TIMEOUT_S))
     except (OSError, ValueError, IndexError) as exc:
         text = f"node check failed to run: {exc}"
         raise AgentExitError(ExitCode.BAD_NODE, text) from exc
-    records = rdzv.node_check_records()
     peers = records.figures()
     got = preflight.verdict(figures, peers.gflops)
     if not got.ok:
         _fail(got.reason)
-    pairing = records.pair(free_port(), PEER_WAIT_S)
+    pairing = records.pair(free_port(), PEER_WAIT_S, PEER_MAX_WAIT_S)
     if pairing is not None:
         log.info("node check: all_reduce with %s (rank %d)", pairing.peer, pairing.rank)
-    link = None if pairing is None else _collective(python, pairing, rdzv.node.addr)
+    link = None if pairing is None else _collective(python, pairing, addr)
     linked = preflight.link_verdict(link, pairing.peer if pairing else "", peers.gbps)
     if not linked.ok:
         _fail(f"{linked.reason}; compute {got.reason}")
-    log.info("node check passed: %s; %s", got.reason, linked.reason)
-    records.publish(got.gflops, linked.gbps)
-    return got
+    return got, linked
 
 
 def _fail(reason: str) -> NoReturn:

@@ -12,7 +12,10 @@ two nodes arriving together cannot both host or both claim: a node finding
 another's fresh offer there claims it (it connects, rank 1); else it puts its
 own offer (address, a free port, until when it waits) and polls until a claim
 replaces it (it hosts, rank 0) or its wait ends, when it withdraws the offer
--- a ``compare_set`` too, so a claim landing at that instant still pairs.
+-- a ``compare_set`` too, so a claim landing at that instant still pairs. The
+wait is short, but goes on (up to a longer bound) while other nodes are still
+in their check (``node-check/started`` minus ``node-check/ended`` tickets): pods
+of one job start together, but their compute halves end seconds apart.
 """
 
 from __future__ import annotations
@@ -97,15 +100,30 @@ class NodeCheckRecords:
         raw = json.dumps({"node": self._node.node_id, "gflops": gflops, "gbps": gbps})
         self._store.set(self._keys.key(NODE_CHECKS, index), raw.encode())
 
-    def pair(self, port: int, wait_s: float) -> Pairing | None:
-        """Find a node checking at the same time within ``wait_s``; None if none came.
+    def begin(self) -> None:
+        """This node starts its check: those waiting for a peer wait for it too."""
+        self._store.take_ticket(self._keys.key(NODE_CHECKS, "started"))
+
+    def end(self) -> None:
+        """This node's check is over (passed or failed)."""
+        self._store.take_ticket(self._keys.key(NODE_CHECKS, "ended"))
+
+    def _others_checking(self) -> bool:
+        started = self._store.tickets(self._keys.key(NODE_CHECKS, "started"))
+        return started - self._store.tickets(self._keys.key(NODE_CHECKS, "ended")) > 1
+
+    def pair(self, port: int, wait_s: float, max_wait_s: float) -> Pairing | None:
+        """Find a node checking at the same time; None if none came.
 
         ``port``: a free port on this node's address, where its check program
-        hosts the pair's store if this node ends up waiting (rank 0).
+        hosts the pair's store if this node ends up waiting (rank 0). Waits
+        ``wait_s``, or up to ``max_wait_s`` while other nodes are still in
+        their check (between ``begin`` and ``end``).
         """
         lobby = self._keys.key(NODE_CHECKS, "lobby")
         me = self._node.node_id
-        deadline = self._clock() + wait_s
+        start = self._clock()
+        deadline, until = start + wait_s, start + max(wait_s, max_wait_s)
         while True:
             raw = self._store.get(lobby)
             offer = open_offer(raw, me, self._clock())
@@ -114,17 +132,21 @@ class NodeCheckRecords:
                 if self._store.compare_set(lobby, raw, claim) == claim:
                     return Pairing(1, offer.addr, offer.port, offer.name)
             else:
-                mine = CheckOffer(me, self._name, self._node.addr, port, deadline).encode()
+                mine = CheckOffer(me, self._name, self._node.addr, port, until).encode()
                 if self._store.compare_set(lobby, raw, mine) == mine:
-                    return self._wait_for_claim(lobby, mine, port, deadline)
+                    return self._wait_for_claim(lobby, mine, port, (deadline, until))
             if self._clock() >= deadline:
                 return None
 
     def _wait_for_claim(
-        self, lobby: str, mine: bytes, port: int, deadline: float
+        self, lobby: str, mine: bytes, port: int, ends: tuple[float, float]
     ) -> Pairing | None:
+        deadline, until = ends
         raw: bytes | None = mine
-        while raw == mine and self._clock() < deadline:
+        while raw == mine:
+            now = self._clock()
+            if now >= until or (now >= deadline and not self._others_checking()):
+                break
             time.sleep(_POLL_S)
             raw = self._store.get(lobby)
         if raw == mine:

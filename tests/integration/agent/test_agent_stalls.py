@@ -272,7 +272,7 @@ def test_node_check_fails_a_node_whose_collective_with_its_peer_fails(tmp_path: 
             store, Keys(job.run_id), NodeDescriptor("ghost", "127.0.0.1", 0, 1, pod="pod-ghost")
         )
         paired: list[Pairing | None] = []
-        waiter = threading.Thread(target=lambda: paired.append(ghost.pair(dead_port, 150.0)))
+        waiter = threading.Thread(target=lambda: paired.append(ghost.pair(dead_port, 150.0, 150.0)))
         waiter.start()
         agent = job.start_agent([PYTHON, SCRIPT], "1:1", flags)
         waiter.join(160)

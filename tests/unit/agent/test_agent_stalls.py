@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -307,7 +308,7 @@ def test_node_check_pairs_two_nodes_checking_together_and_not_a_third() -> None:
     got: dict[str, Pairing | None] = {}
 
     def check(name: str, port: int, wait_s: float) -> None:
-        got[name] = records(store.clone(), name).pair(port, wait_s)
+        got[name] = records(store.clone(), name).pair(port, wait_s, wait_s)
 
     first = threading.Thread(target=check, args=("a", 4001, 5.0))
     first.start()
@@ -330,3 +331,22 @@ def test_node_check_figures_round_trip() -> None:
     store.take_ticket(Keys("j").key("node-check", "count"))
     figures = records(store, "c").figures()
     assert (figures.gflops, figures.gbps) == ([10.0, 12.0], [1.5])
+
+
+def test_node_check_waits_longer_for_a_peer_while_others_are_still_checking() -> None:
+    """A node alone in the lobby waits its short wait; while another node has begun its
+    check and not ended it (its compute half still running), up to the longer bound."""
+    store = MemoryStore()
+    other, me = records(store, "a"), records(store, "b")
+    me.begin()
+    t0 = time.monotonic()
+    assert me.pair(4001, 0.2, 1.0) is None
+    assert time.monotonic() - t0 < 0.8
+    other.begin()
+    t0 = time.monotonic()
+    assert me.pair(4001, 0.2, 1.0) is None
+    assert time.monotonic() - t0 >= 0.9
+    other.end()
+    t0 = time.monotonic()
+    assert me.pair(4001, 0.2, 1.0) is None
+    assert time.monotonic() - t0 < 0.8
