@@ -43,8 +43,14 @@ JOB_CLOSED: Final = "rdzv/job-closed"
 RESTARTS: Final = "restarts"
 """Decimal counter of worker-failure restarts of the whole job (not per agent)."""
 NODE_CHECKS: Final = "node-check"
-"""``node-check/count``: ticket counter; ``node-check/<i>``: JSON ``{"node", "gflops"}`` of
-the i-th agent that passed its node check, which later agents compare themselves with."""
+"""``node-check/count``: ticket counter; ``node-check/<i>``: JSON ``{"node", "gflops", "gbps"}``
+of the i-th agent that passed its node check (``gbps``: its all_reduce with a peer, null if
+none), which later agents compare themselves with; ``node-check/lobby``: JSON offer
+``{"node", "name", "addr", "port", "until"}`` of a node waiting for a peer to run its
+collective with, replaced (compare-and-set) by the claim ``{"claim", "by", "name"}`` that
+pairs it or by ``{"withdrawn"}`` when its wait ends; ``node-check/started`` and
+``node-check/ended``: ticket counters of the agents that began and ended their check (a
+node in the lobby waits longer while others are still checking)."""
 INCARNATION: Final = "incarnation"
 """Random id written once per store lifetime (``compare_set`` from absent): a restarted
 c10d store starts round numbering again at 0 under a new id, so checkpoints only

@@ -130,7 +130,12 @@ def test_each_contract_breaks_on_the_import_it_forbids(
 
 
 @pytest.mark.parametrize(
-    "module", ["torchflex_agent.rendezvous.protocol", "torchflex_agent.rendezvous.records"]
+    "module",
+    [
+        "torchflex_agent.rendezvous.protocol",
+        "torchflex_agent.rendezvous.records",
+        "torchflex_agent.rendezvous.node_check",
+    ],
 )
 def test_the_rendezvous_itself_may_name_store_keys(module: str) -> None:
     edge = (module, "torchflex_contract.store_keys")

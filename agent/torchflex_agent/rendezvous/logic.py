@@ -459,3 +459,59 @@ def parse_counter(raw: bytes | None) -> int | None:
         return int(raw)
     except ValueError:
         return None
+
+
+# -- node check pairing (rendezvous.node_check) -------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckOffer:
+    """A node waiting in the node-check lobby for a peer to run a collective with."""
+
+    node: str
+    name: str
+    """How reports name it: its pod, else its node id."""
+    addr: str
+    port: int
+    """Where its check program hosts the pair's TCPStore once claimed."""
+    until: float
+    """Wall-clock time (seconds since the epoch) after which it no longer waits."""
+
+    def encode(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self)).encode()
+
+
+def open_offer(raw: bytes | None, me: str, now: float) -> CheckOffer | None:
+    """The lobby's offer if another node still waits there; None if the lobby is free.
+
+    Free: empty, a claim (that pair is formed), a withdrawn offer, our own,
+    an offer past its ``until`` (its agent gave up or died) or an unreadable value.
+    """
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+        offer = CheckOffer(
+            str(data["node"]),
+            str(data["name"]),
+            str(data["addr"]),
+            int(data["port"]),
+            float(data["until"]),
+        )
+    except (ValueError, TypeError, KeyError):
+        return None
+    return offer if offer.node != me and offer.until > now else None
+
+
+def encode_claim(offer: CheckOffer, me: str, name: str) -> bytes:
+    """The lobby value that pairs ``me`` (called ``name`` in reports) with ``offer``'s node."""
+    return json.dumps({"claim": offer.node, "by": me, "name": name}).encode()
+
+
+def claimed_by(raw: bytes | None, me: str) -> str | None:
+    """The name of the node whose claim pairs it with ``me``; None if the value is no such claim."""
+    try:
+        data = json.loads(raw or b"")
+        return str(data["name"]) if data.get("claim") == me else None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None

@@ -1,8 +1,9 @@
 """A job's rendezvous records over a ``KVStore``: everything but joining a round.
 
 Where it sits: the base of ``rendezvous.protocol.Rendezvous`` (which adds joining and
-closing rounds). Together the two are the rendezvous, the only agent modules
-that name store keys (layout in ``torchflex_contract.store_keys``; an
+closing rounds). Together with ``rendezvous.node_check`` (the node check's keys,
+reached through ``node_check_records``) they are the rendezvous, the only agent
+modules that name store keys (layout in ``torchflex_contract.store_keys``; an
 import-linter contract in ``pyproject.toml`` keeps it so). Here: the job-wide
 state (closure, restart count, incarnation), a round's stale mark, and a
 running round's records -- heartbeats, ``finished``, the ``lost`` list, each
@@ -32,6 +33,7 @@ from torchflex_agent.rendezvous.logic import (
     parse_counter,
     raise_for_job_closure,
 )
+from torchflex_agent.rendezvous.node_check import NodeCheckRecords
 from torchflex_agent.stores.kvstore import KVStore
 from torchflex_contract.progress import RankStall, RestartReason
 from torchflex_contract.store_keys import (
@@ -47,7 +49,6 @@ from torchflex_contract.store_keys import (
     JOB_CLOSED,
     LOST,
     NODE,
-    NODE_CHECKS,
     RESTARTS,
     SPEED,
     STALE,
@@ -286,25 +287,9 @@ class RoundRecords:
                 continue
         return out
 
-    def node_checks(self, limit: int = 64) -> list[float]:
-        """The figures (GFLOP/s) of the agents that passed their node check so far."""
-        count = self._store.tickets(self.keys.key(NODE_CHECKS, "count"))
-        keys = [self.keys.key(NODE_CHECKS, i) for i in range(max(0, count - limit), count)]
-        out = []
-        for raw in self._store.get_many(keys) if keys else []:
-            if raw is None:
-                continue
-            try:
-                out.append(float(json.loads(raw)["gflops"]))
-            except (ValueError, TypeError, KeyError):
-                continue
-        return out
-
-    def publish_node_check(self, gflops: float) -> None:
-        """This agent passed its node check with ``gflops``: later agents compare with it."""
-        index = self._store.take_ticket(self.keys.key(NODE_CHECKS, "count")) - 1
-        raw = json.dumps({"node": self.node.node_id, "gflops": gflops}).encode()
-        self._store.set(self.keys.key(NODE_CHECKS, index), raw)
+    def node_check_records(self) -> NodeCheckRecords:
+        """The node check's records (peers' figures, the pairing lobby) on this connection."""
+        return NodeCheckRecords(self._store, self.keys, self.node)
 
     # -- another role's rounds (loop.roster) ----------------------------
 

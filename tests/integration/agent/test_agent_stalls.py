@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +28,12 @@ from e2e import throttle
 from e2e.kubelet.records import process_tree
 from tests.integration.agent.tfagent_helpers import PYTHON, Job
 from tests.support import wait_for
+from torchflex_agent.loop.node import free_port
+from torchflex_agent.rendezvous.logic import NodeDescriptor
+from torchflex_agent.rendezvous.node_check import NodeCheckRecords, Pairing
+from torchflex_agent.stores.tcp import TCPKVStore
 from torchflex_contract.progress import RestartReason
+from torchflex_contract.store_keys import Keys
 
 SCRIPT = str(Path(__file__).with_name("stall_train.py"))
 TIMEOUT_S = 10
@@ -215,3 +221,65 @@ def test_node_check_passes_good_nodes_and_keeps_a_broken_one_out(tmp_path: Path)
         assert "joining the rendezvous" not in bad.text()
         assert [a.proc.wait(180) for a in good] == [0, 0], [a.text()[-2000:] for a in good]
         assert "step 200 world 2" in good[0].text() + good[1].text()
+
+
+@pytest.mark.timeout(300)
+def test_node_check_pairs_nodes_starting_together_for_a_collective(tmp_path: Path) -> None:
+    """``--node-check on``, the peer half: two agents started together both pass their
+    compute check, meet in the store's lobby and run a timed gloo all_reduce between
+    their addresses (127.0.0.1 here); each logs the collective's bus bandwidth and its
+    peer's pod. A third started alone after them (a replacement joining later) waits
+    for a peer in vain and passes on its compute half: "no peer checking at the same
+    time". All three then train together. The slower-than-peers and wrong-sum rules are
+    table-tested (``tests/unit/agent/test_agent_stalls.py``)."""
+    flags = [*FLAGS, "--node-check", "on"]
+    with Job(tmp_path, agent_env={"STEPS": "100"}, pod_names=True) as job:
+        job.start_store()
+        pair = [job.start_agent([PYTHON, SCRIPT], "3:3", flags) for _ in range(2)]
+        for log in pair:
+            log.wait_for(lambda s: "node check passed" in s, 150)
+        bandwidth = re.compile(r"all_reduce with (pod-\d): (\d+\.\d+) GB/s bus bandwidth")
+        peers = []
+        for i, log in enumerate(pair):
+            found = bandwidth.search(log.text())
+            assert found is not None, log.text()[-3000:]
+            assert float(found.group(2)) > 0, found.group(0)
+            peers.append(found.group(1))
+            print(f"NODE CHECK pod-{i}: {found.group(0)}")
+        assert peers == ["pod-1", "pod-0"], peers
+        alone = job.start_agent([PYTHON, SCRIPT], "3:3", flags)
+        alone.wait_for(lambda s: "node check passed" in s, 150)
+        assert "no peer checking at the same time" in alone.text(), alone.text()[-3000:]
+        assert "all_reduce with" not in alone.text()
+        agents = [*pair, alone]
+        assert [a.proc.wait(180) for a in agents] == [0, 0, 0], [a.text()[-2000:] for a in agents]
+        assert "step 100 world 3" in "".join(a.text() for a in agents)
+
+
+@pytest.mark.timeout(300)
+def test_node_check_fails_a_node_whose_collective_with_its_peer_fails(tmp_path: Path) -> None:
+    """The peer half's fail: this test plays a node that offers itself in the lobby and,
+    once claimed, never runs its side (a peer lost right after pairing, or a link that
+    drops everything): nothing listens on the port it announced. The agent passes its
+    compute half, claims the offer, its all_reduce cannot connect within the limit, and
+    it exits 79 (``BAD_NODE``) naming the peer, without ever joining."""
+    flags = [*FLAGS, "--node-check", "on"]
+    dead_port = free_port()
+    with Job(tmp_path, pod_names=True) as job:
+        job.start_store()
+        store = TCPKVStore("127.0.0.1", job.port)
+        ghost = NodeCheckRecords(
+            store, Keys(job.run_id), NodeDescriptor("ghost", "127.0.0.1", 0, 1, pod="pod-ghost")
+        )
+        paired: list[Pairing | None] = []
+        waiter = threading.Thread(target=lambda: paired.append(ghost.pair(dead_port, 150.0, 150.0)))
+        waiter.start()
+        agent = job.start_agent([PYTHON, SCRIPT], "1:1", flags)
+        waiter.join(160)
+        store.close()
+        assert paired == [Pairing(0, "127.0.0.1", dead_port, "pod-0")], agent.text()[-3000:]
+        assert agent.proc.wait(150) == 79, agent.text()[-3000:]
+        report = job.termination_report(0)
+        assert "node check failed: all_reduce with pod-ghost failed" in report.message, report
+        print(f"REPORT: {report.message[:400]}")
+        assert "joining the rendezvous" not in agent.text()

@@ -9,6 +9,8 @@ clock, the timeout in force, which rank stopped it; the pulse
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,12 @@ from torchflex_agent import pulse
 from torchflex_agent.errors import ConfigError
 from torchflex_agent.loop.logic import preflight, stall
 from torchflex_agent.loop.logic.config import parse_args
+from torchflex_agent.rendezvous import logic as rdzv_logic
+from torchflex_agent.rendezvous.logic import NodeDescriptor
+from torchflex_agent.rendezvous.node_check import NodeCheckRecords, Pairing
+from torchflex_agent.stores.kvstore import MemoryStore
 from torchflex_contract.progress import MAX_STALL_RANKS, RankStall
+from torchflex_contract.store_keys import Keys
 
 BASE = ["--rdzv-id", "j", "--rdzv-endpoint", "h:1", "--", "python", "train.py"]
 
@@ -218,3 +225,128 @@ def test_node_check_flag() -> None:
     assert parse_args(BASE, env={"TORCHFLEX_NODE_CHECK": "on"}).node_check is True
     with pytest.raises(ConfigError, match="--node-check"):
         parse_args(["--node-check", "yes", *BASE], env={})
+
+
+def link(gbps: float, correct: bool = True, error: str = "") -> preflight.LinkFigure:
+    return preflight.LinkFigure(gbps, correct, error)
+
+
+@pytest.mark.parametrize(
+    ("got", "peers", "ok", "said"),
+    [
+        (None, [], True, "no peer checking at the same time"),
+        (None, [1.0], True, "no peer checking at the same time"),
+        (link(1.0), [], True, "all_reduce with pod-1: 1.000 GB/s bus bandwidth (no peer"),
+        (link(1.0), [1.2, 0.9], True, "against a median of 1.050 over 2 node(s)"),
+        (link(0.51), [1.0], True, "against a median"),  # just under 2x slower: passes
+        (link(0.49), [1.0, 1.0, 1.1], False, "too slow: all_reduce with pod-1: 0.490"),
+        (
+            link(5.0, correct=False),
+            [],
+            False,
+            "all_reduce with pod-1: 5.000 GB/s bus bandwidth, wrong",
+        ),
+        (link(0.0, False, "DistNetworkError: timed out"), [1.0], False, "with pod-1 failed: Dist"),
+    ],
+)
+def test_node_check_link_verdict(
+    got: preflight.LinkFigure | None, peers: list[float], ok: bool, said: str
+) -> None:
+    verdict = preflight.link_verdict(got, "pod-1", peers)
+    assert verdict.ok is ok and said in verdict.reason, verdict
+    assert verdict.gbps == (None if got is None or got.error else got.gbps)
+
+
+@pytest.mark.parametrize("text", ["", "[]", "{}", '{"correct": true}', "nope"])
+def test_node_check_link_output_must_be_figures(text: str) -> None:
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        preflight.parse_link(text)
+
+
+def test_node_check_link_output_parses() -> None:
+    assert preflight.parse_link('{"gbps": 2.5, "correct": true, "error": ""}') == link(2.5)
+    got = preflight.parse_link('{"gbps": 0, "correct": false, "error": "boom"}')
+    assert got == link(0.0, False, "boom")
+
+
+OFFER = rdzv_logic.CheckOffer("n-a", "pod-a", "127.0.0.1", 4000, until=100.0)
+
+
+@pytest.mark.parametrize(
+    ("raw", "me", "now", "open_"),
+    [
+        (None, "n-b", 50.0, False),
+        (OFFER.encode(), "n-b", 50.0, True),
+        (OFFER.encode(), "n-a", 50.0, False),  # our own offer
+        (OFFER.encode(), "n-b", 100.0, False),  # past its wait: its agent gave up or died
+        (rdzv_logic.encode_claim(OFFER, "n-b", "pod-b"), "n-c", 50.0, False),
+        (b'{"withdrawn": "n-a"}', "n-b", 50.0, False),
+        (b"garbage", "n-b", 50.0, False),
+    ],
+)
+def test_node_check_lobby_offer(raw: bytes | None, me: str, now: float, open_: bool) -> None:
+    assert (rdzv_logic.open_offer(raw, me, now) == OFFER) is open_
+
+
+def test_node_check_claim_names_the_claimer_to_its_host_only() -> None:
+    claim = rdzv_logic.encode_claim(OFFER, "n-b", "pod-b")
+    assert rdzv_logic.claimed_by(claim, "n-a") == "pod-b"
+    assert rdzv_logic.claimed_by(claim, "n-c") is None
+    assert rdzv_logic.claimed_by(OFFER.encode(), "n-a") is None
+    assert rdzv_logic.claimed_by(None, "n-a") is None
+
+
+def records(store: MemoryStore, name: str) -> NodeCheckRecords:
+    node = NodeDescriptor(f"n-{name}", "127.0.0.1", 0, 1, pod=f"pod-{name}")
+    return NodeCheckRecords(store, Keys("j"), node)
+
+
+def test_node_check_pairs_two_nodes_checking_together_and_not_a_third() -> None:
+    """Three nodes in the lobby over one store: the first two pair (one hosts, one
+    connects to its port), the third waits out its wait alone and withdraws."""
+    store = MemoryStore()
+    got: dict[str, Pairing | None] = {}
+
+    def check(name: str, port: int, wait_s: float) -> None:
+        got[name] = records(store.clone(), name).pair(port, wait_s, wait_s)
+
+    first = threading.Thread(target=check, args=("a", 4001, 5.0))
+    first.start()
+    assert store.wait([Keys("j").key("node-check", "lobby")], 5.0)  # a waits there first
+    check("b", 4002, 5.0)
+    first.join()
+    assert got["a"] == Pairing(0, "127.0.0.1", 4001, "pod-b"), got
+    assert got["b"] == Pairing(1, "127.0.0.1", 4001, "pod-a"), got
+    check("c", 4003, 0.3)
+    assert got["c"] is None
+    check("d", 4004, 0.3)  # c withdrew: d does not claim a node that left
+    assert got["d"] is None
+
+
+def test_node_check_figures_round_trip() -> None:
+    store = MemoryStore()
+    records(store, "a").publish(10.0, None)
+    records(store, "b").publish(12.0, 1.5)
+    store.set(Keys("j").key("node-check", 2), b"garbage")
+    store.take_ticket(Keys("j").key("node-check", "count"))
+    figures = records(store, "c").figures()
+    assert (figures.gflops, figures.gbps) == ([10.0, 12.0], [1.5])
+
+
+def test_node_check_waits_longer_for_a_peer_while_others_are_still_checking() -> None:
+    """A node alone in the lobby waits its short wait; while another node has begun its
+    check and not ended it (its compute half still running), up to the longer bound."""
+    store = MemoryStore()
+    other, me = records(store, "a"), records(store, "b")
+    me.begin()
+    t0 = time.monotonic()
+    assert me.pair(4001, 0.2, 1.0) is None
+    assert time.monotonic() - t0 < 0.8
+    other.begin()
+    t0 = time.monotonic()
+    assert me.pair(4001, 0.2, 1.0) is None
+    assert time.monotonic() - t0 >= 0.9
+    other.end()
+    t0 = time.monotonic()
+    assert me.pair(4001, 0.2, 1.0) is None
+    assert time.monotonic() - t0 < 0.8

@@ -7,6 +7,12 @@ store). A node whose device computed a wrong result, or whose slowest device
 reaches less than ``1 / MAX_SLOWDOWN`` of the peers' median, does not join: its
 agent exits ``ExitCode.BAD_NODE`` and the operator replaces its pod elsewhere.
 The first agents have no peers to compare with and pass on a correct result.
+
+The peer half: ``link_verdict`` judges the timed all_reduce the node ran with a
+node checking at the same time (``rendezvous.node_check.pair``): a failed or
+timed out collective, or a wrong sum, fails it (naming the peer); so does a bus
+bandwidth below ``1 / MAX_SLOWDOWN`` of the median of the agents that passed
+with a peer before it. A node with no peer passes on its compute half alone.
 """
 
 from __future__ import annotations
@@ -57,3 +63,46 @@ def verdict(figures: Sequence[DeviceFigure], peers: Sequence[float]) -> Verdict:
     if slowest * MAX_SLOWDOWN < median:
         return Verdict(False, slowest, f"too slow: {text} (limit {MAX_SLOWDOWN:g}x slower)")
     return Verdict(True, slowest, text)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkFigure:
+    """The check program's all_reduce with a peer: bus bandwidth, sum correct, or why it failed."""
+
+    gbps: float
+    correct: bool
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkVerdict:
+    ok: bool
+    gbps: float | None
+    """None: no peer was checking at the same time (nothing to publish)."""
+    reason: str
+
+
+def parse_link(text: str) -> LinkFigure:
+    """The collective program's JSON output; ValueError if malformed."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError("expected a JSON object with the collective's figures")
+    return LinkFigure(float(raw["gbps"]), raw.get("correct") is True, str(raw.get("error") or ""))
+
+
+def link_verdict(link: LinkFigure | None, peer: str, peers: Sequence[float]) -> LinkVerdict:
+    """Pass or fail on the collective with ``peer``, against the bandwidths in ``peers``."""
+    if link is None:
+        return LinkVerdict(True, None, "no peer checking at the same time")
+    if link.error:
+        return LinkVerdict(False, None, f"all_reduce with {peer} failed: {link.error}")
+    text = f"all_reduce with {peer}: {link.gbps:.3f} GB/s bus bandwidth"
+    if not link.correct:
+        return LinkVerdict(False, link.gbps, f"{text}, wrong sum")
+    if not peers:
+        return LinkVerdict(True, link.gbps, f"{text} (no peer bandwidth to compare with yet)")
+    median = statistics.median(peers)
+    text = f"{text} against a median of {median:.3f} over {len(peers)} node(s)"
+    if link.gbps * MAX_SLOWDOWN < median:
+        return LinkVerdict(False, link.gbps, f"too slow: {text} (limit {MAX_SLOWDOWN:g}x slower)")
+    return LinkVerdict(True, link.gbps, text)
