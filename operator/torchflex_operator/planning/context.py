@@ -49,7 +49,11 @@ class Ctx:
     now: dt.datetime
     settings: Settings
     role: str = labels.WORKER_ROLE
-    """The worker group (training role) this pass plans: the job's one group today."""
+    """The worker group (training role) this pass plans: the job's one group, or one
+    role of a multi-role job (``planning.pipeline`` plans each in turn)."""
+    completes: bool = True
+    """Whether this group's final round exiting 0 completes the job: false for a role
+    of a multi-role job other than ``spec.completionRole``."""
 
     @classmethod
     def of(
