@@ -13,7 +13,10 @@ Each step is a pure ``(Ctx, Draft) -> Draft`` (``planning.context``) of one modu
 of ``planning.steps``: a step reads the frozen inputs and what earlier steps decided,
 and returns what it adds. A live job runs ``OPENING``, then ``COMPLETING`` while some
 member exited 0, else ``LIVE`` until a step finishes the job; then ``ENDED`` (the job
-finished in this pass) or ``GOING_ON``; every pass closes with ``CLOSING``.
+finished in this pass) or ``GOING_ON``; every pass closes with ``CLOSING``. A
+multi-role job (``spec.roles``) runs ``OPENING`` and ``COMPLETING``/``LIVE`` once per
+role, over the role's view and pods (``_run_roles``), and its phase and conditions are
+merged from the roles' (``rules.roles``).
 """
 
 from __future__ import annotations
