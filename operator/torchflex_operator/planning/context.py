@@ -215,6 +215,14 @@ class Draft:
         )
 
 
+def completion_group(ctx: Ctx, d: Draft) -> set[str]:
+    """Names of the members whose round, world size and progress are the job's: all of
+    a job of one group; the completion role's of a multi-role job (its roles count
+    rounds and steps of their own)."""
+    role = ctx.job.completion_role_name
+    return {w.name for w in d.members if not ctx.job.multi_role or w.group == role}
+
+
 def finish(ctx: Ctx, d: Draft, phase: Phase, reason: Reason, message: str) -> Draft:
     """End the job: its phase, completion time, conditions and the Event that says so."""
     d = d.with_status(

@@ -22,8 +22,9 @@ from tests.unit.operator.factories import (
     role,
     roles_job,
     roles_obj,
+    worker,
 )
-from torchflex_contract.progress import AgentReport, AgentState
+from torchflex_contract.progress import AgentReport, AgentState, Progress
 from torchflex_contract.roles import Coupling
 from torchflex_operator.model.errors import InvalidSpecError
 from torchflex_operator.model.observed import Observed, PodView
@@ -41,6 +42,7 @@ from torchflex_operator.model.vocabulary import (
 from torchflex_operator.planning import plan
 from torchflex_operator.planning.rules.defaulting import replicas_patch
 from torchflex_operator.render import builders, pdb, podgroup
+from torchflex_operator.runtime.agent_status import poll_targets
 
 REPO = Path(__file__).resolve().parents[3]
 GANG = dataclasses.replace(Settings(), gang_scheduling=GangScheduling.ENABLED)
@@ -460,3 +462,38 @@ def test_scaling_the_scale_role_touches_that_role_only() -> None:
     assert [d.name for d in plan(smaller, status, observed(*pods), NOW).delete_pods] == [
         "demo-reader-1"
     ]
+
+
+def test_the_job_s_round_world_and_progress_are_the_completion_role_s() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3, replicas=1))
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), role_pod(reader, 0)]
+    reports = {
+        "demo-trainer-0": AgentReport(
+            AgentState.RUNNING, round=1, world_size=2, holds_rank0=True, progress=Progress(step=5)
+        ),
+        "demo-trainer-1": AgentReport(AgentState.RUNNING, round=1, world_size=2),
+        "demo-reader-0": AgentReport(
+            AgentState.RUNNING, round=7, world_size=1, holds_rank0=True, progress=Progress(step=90)
+        ),
+    }
+    status = decided(plan(job, parsed({}), observed(*pods, reports=reports), NOW))
+    assert (status.rendezvous_round, status.world_size) == (1, 2)
+    assert status.progress is not None and status.progress.step == 5
+    assert status.rank0_pod == "demo-trainer-0"
+    # Every role's pods are of their role's current spec.
+    assert status.updated_replicas == 3
+    assert [(r.name, r.round, r.world_size) for r in status.roles or ()] == [
+        ("trainer", 1, 2),
+        ("reader", 7, 1),
+    ]
+
+
+def test_the_poller_asks_the_first_pods_of_each_role() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3))
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, i) for i in range(2)] + [role_pod(reader, i) for i in range(3)]
+    names = [p.name for p in poll_targets(pods, 2)]
+    assert names == ["demo-reader-0", "demo-reader-1", "demo-trainer-0", "demo-trainer-1"]
+    single = [worker(i) for i in range(3)]  # one group: the first per_job, as ever
+    assert [p.name for p in poll_targets(single, 2)] == ["demo-worker-0", "demo-worker-1"]
