@@ -497,3 +497,15 @@ def test_the_poller_asks_the_first_pods_of_each_role() -> None:
     assert names == ["demo-reader-0", "demo-reader-1", "demo-trainer-0", "demo-trainer-1"]
     single = [worker(i) for i in range(3)]  # one group: the first per_job, as ever
     assert [p.name for p in poll_targets(single, 2)] == ["demo-worker-0", "demo-worker-1"]
+
+
+def test_any_role_failing_fails_the_job_and_stops_every_role() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3, replicas=1), backoffLimit=0)
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), done(role_pod(reader, 0), 1)]
+    result = plan(job, parsed({"phase": "Running"}), observed(*pods), NOW)
+    status = decided(result)
+    assert status.phase is Phase.FAILED
+    assert status.last_failure is not None and status.last_failure.pod == "demo-reader-0"
+    assert not result.create_pods
+    assert {"demo-trainer-0", "demo-trainer-1"} <= {d.name for d in result.delete_pods}
