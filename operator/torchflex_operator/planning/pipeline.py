@@ -25,6 +25,7 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from torchflex_contract.roles import Coupling
 from torchflex_operator.model.observed import Observed
 from torchflex_operator.model.plan import Plan
 from torchflex_operator.model.settings import Settings
@@ -60,7 +61,8 @@ FINISHED: tuple[Step, ...] = (lifecycle.cleanup, spares.retire)
 """A job that finished in an earlier pass: clean up, then TTL."""
 SUSPENDED: tuple[Step, ...] = (lifecycle.suspend,)
 ROLES_NOT_RUN: tuple[Step, ...] = (lifecycle.roles_not_run,)
-"""A multi-role job under a Kueue queue: accepted by the API, not run yet."""
+"""A multi-role job under a Kueue queue or with Joint coupling: accepted by the API,
+not run yet (``not_run``)."""
 HELD: tuple[Step, ...] = (lifecycle.hold,)
 """Kueue holds the queued job (waiting for admission, or evicted)."""
 OPENING: tuple[Step, ...] = (
@@ -120,6 +122,13 @@ def fold(ctx: Ctx, d: Draft, steps: Sequence[Step], *, while_live: bool = False)
             break
         d = step(ctx, d)
     return d
+
+
+def not_run(job: JobSpec) -> bool:
+    """A multi-role job this operator does not run yet: under a Kueue queue (one pod set
+    per role is not built), or with Joint coupling (one group across the roles: the
+    completion verdict is planned per role, so a Joint round would never complete)."""
+    return job.multi_role and (job.queue_name is not None or job.coupling is Coupling.JOINT)
 
 
 def _live(ctx: Ctx, d: Draft) -> Draft:
@@ -215,7 +224,7 @@ def _run(ctx: Ctx, d: Draft) -> Draft:
     prior = ctx.prior_phase
     if prior is not None and prior.finished:
         return fold(ctx, d, FINISHED)
-    if ctx.job.multi_role and ctx.job.queue_name is not None:
+    if not_run(ctx.job):
         return fold(ctx, d, ROLES_NOT_RUN)
     if ctx.job.suspend:
         return fold(ctx, d, SUSPENDED)

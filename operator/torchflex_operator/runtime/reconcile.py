@@ -49,6 +49,7 @@ from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.status import JobStatus
 from torchflex_operator.model.vocabulary import EventReason, EventType, GangScheduling
 from torchflex_operator.planning import plan, scheduling
+from torchflex_operator.planning.pipeline import not_run
 from torchflex_operator.planning.rules.defaulting import replicas_patch
 from torchflex_operator.render import podgroup, workload
 from torchflex_operator.runtime.admission import Workloads
@@ -263,9 +264,9 @@ class Reconciler:
             )
             raise
         observed = await self.observe(key, now)
-        # A multi-role job under a Kueue queue is planned as not run yet
-        # (pipeline.ROLES_NOT_RUN): no Workload, PodGroup or budget is written for it.
-        runs = not (job.multi_role and job.queue_name is not None)
+        # A multi-role job not run yet (pipeline.ROLES_NOT_RUN): no Workload, PodGroup
+        # or budget is written for it.
+        runs = not not_run(job)
         view = await self.workloads.view(key, job) if runs else None
         observed = dataclasses.replace(observed, queue=workload.gate(job, view) if runs else None)
         mode = await self._gang_mode()

@@ -226,8 +226,13 @@ def test_a_multi_role_job_creates_every_role_pod_and_one_store() -> None:
     assert [e.reason for e in without_store.events].count(EventReason.STORE_CREATED) == 1
 
 
-def test_a_queued_multi_role_job_is_not_run_and_says_so_once_per_generation() -> None:
-    job = JobSpec.parse(queued(roles_obj()))
+@pytest.mark.parametrize(
+    "obj", [queued(roles_obj()), roles_obj(coupling="Joint")], ids=["queued", "joint"]
+)
+def test_a_queued_or_joint_multi_role_job_is_not_run_and_says_so_once_per_generation(
+    obj: dict[str, Any],
+) -> None:
+    job = JobSpec.parse(obj)
     first = plan(job, parsed({}), observed(), NOW)
     assert not first.create_pods and not first.create_services
     status = decided(first)
