@@ -216,7 +216,7 @@ def _run_roles(ctx: Ctx, d: Draft) -> Draft:
     d = replace(d, members=tuple(everyone), spares=())
     if d.finished:
         d = replace(d, create_pods=(), create_services=(), create_network_policies=())
-        return fold(ctx, d, ENDED)
+        return fold(ctx, d.with_status(desired_replicas=job.desired), ENDED)
     return fold(ctx, _merge(ctx, d, outcomes), GOING_ON)
 
 

@@ -77,6 +77,11 @@ WAITS = cond(False, Reason.RENDEZVOUSING, "forming")
         ((WAITS, WAITS), Said(False, Reason.RENDEZVOUSING, "role a: forming")),
         ((None, TRAINS), Said(True, Reason.WORKERS_TRAINING, "role b: world 2")),
         ((None, None), None),
+        # A reason this operator does not know (an older one's status) is left out.
+        (
+            (TRAINS, Condition(ConditionType.TRAINING.value, ConditionStatus.FALSE, "Old")),
+            Said(True, Reason.WORKERS_TRAINING, "role a: world 2"),
+        ),
     ],
 )
 def test_a_condition_is_true_for_the_job_only_when_true_for_every_role(

@@ -27,6 +27,9 @@ MERGED: tuple[ConditionType, ...] = (
 """The conditions each role's plan decides for itself; the job's is their merge."""
 
 
+KNOWN: frozenset[str] = frozenset(r.value for r in Reason)
+
+
 @dataclasses.dataclass(frozen=True)
 class RoleOutcome:
     """What one role's plan left in the job's phase, timer and ``MERGED`` conditions."""
@@ -65,9 +68,13 @@ def below_min_since(outcomes: Sequence[RoleOutcome]) -> dt.datetime | None:
 def job_condition(ctype: ConditionType, outcomes: Sequence[RoleOutcome]) -> Said | None:
     """The first role for which ``ctype`` is ``False`` says it for the job, its message
     prefixed with the role; else every role's ``True`` messages joined (None: no role
-    has the condition). Each role's condition was set by this operator's own steps,
-    so its reason is one of ``Reason``'s words."""
-    said = [(o.name, c) for o in outcomes if (c := get_condition(o.conditions, ctype))]
+    has the condition). A condition whose reason is not one of this operator's words
+    (kept from an older operator's status) is left out."""
+    said = [
+        (o.name, c)
+        for o in outcomes
+        if (c := get_condition(o.conditions, ctype)) is not None and c.reason in KNOWN
+    ]
     for name, cond in said:
         if cond.status is not ConditionStatus.TRUE:
             return Said(False, Reason(cond.reason), f"role {name}: {cond.message}")
