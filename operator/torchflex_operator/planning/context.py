@@ -49,7 +49,11 @@ class Ctx:
     now: dt.datetime
     settings: Settings
     role: str = labels.WORKER_ROLE
-    """The worker group (training role) this pass plans: the job's one group today."""
+    """The worker group (training role) this pass plans: the job's one group, or one
+    role of a multi-role job (``planning.pipeline`` plans each in turn)."""
+    completes: bool = True
+    """Whether this group's final round exiting 0 completes the job: false for a role
+    of a multi-role job other than ``spec.completionRole``."""
 
     @classmethod
     def of(
@@ -209,6 +213,14 @@ class Draft:
             delete_job=self.delete_job,
             replacements=list(self.replacements),
         )
+
+
+def completion_group(ctx: Ctx, d: Draft) -> set[str]:
+    """Names of the members whose round, world size and progress are the job's: all of
+    a job of one group; the completion role's of a multi-role job (its roles count
+    rounds and steps of their own)."""
+    role = ctx.job.completion_role_name
+    return {w.name for w in d.members if not ctx.job.multi_role or w.group == role}
 
 
 def finish(ctx: Ctx, d: Draft, phase: Phase, reason: Reason, message: str) -> Draft:

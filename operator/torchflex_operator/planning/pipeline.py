@@ -13,20 +13,32 @@ Each step is a pure ``(Ctx, Draft) -> Draft`` (``planning.context``) of one modu
 of ``planning.steps``: a step reads the frozen inputs and what earlier steps decided,
 and returns what it adds. A live job runs ``OPENING``, then ``COMPLETING`` while some
 member exited 0, else ``LIVE`` until a step finishes the job; then ``ENDED`` (the job
-finished in this pass) or ``GOING_ON``; every pass closes with ``CLOSING``.
+finished in this pass) or ``GOING_ON``; every pass closes with ``CLOSING``. A
+multi-role job (``spec.roles``) runs ``OPENING`` and ``COMPLETING``/``LIVE`` once per
+role, over the role's view and pods (``_run_roles``), and its phase and conditions are
+merged from the roles' (``rules.roles``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
+from torchflex_contract.roles import Coupling
 from torchflex_operator.model.observed import Observed
 from torchflex_operator.model.plan import Plan
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.status import JobStatus
 from torchflex_operator.planning.context import Ctx, Draft
+from torchflex_operator.planning.rules.roles import (
+    MERGED,
+    RoleOutcome,
+    below_min_since,
+    job_condition,
+    job_phase,
+)
 from torchflex_operator.planning.steps import (
     children,
     completing,
@@ -49,7 +61,8 @@ FINISHED: tuple[Step, ...] = (lifecycle.cleanup, spares.retire)
 """A job that finished in an earlier pass: clean up, then TTL."""
 SUSPENDED: tuple[Step, ...] = (lifecycle.suspend,)
 ROLES_NOT_RUN: tuple[Step, ...] = (lifecycle.roles_not_run,)
-"""A multi-role job (``spec.roles``): accepted by the API, not run yet."""
+"""A multi-role job under a Kueue queue or with Joint coupling: accepted by the API,
+not run yet (``not_run``)."""
 HELD: tuple[Step, ...] = (lifecycle.hold,)
 """Kueue holds the queued job (waiting for admission, or evicted)."""
 OPENING: tuple[Step, ...] = (
@@ -111,19 +124,115 @@ def fold(ctx: Ctx, d: Draft, steps: Sequence[Step], *, while_live: bool = False)
     return d
 
 
+def not_run(job: JobSpec) -> bool:
+    """A multi-role job this operator does not run yet: under a Kueue queue (one pod set
+    per role is not built), or with Joint coupling (one group across the roles: the
+    completion verdict is planned per role, so a Joint round would never complete)."""
+    return job.multi_role and (job.queue_name is not None or job.coupling is Coupling.JOINT)
+
+
+def _live(ctx: Ctx, d: Draft) -> Draft:
+    """One worker group's live pass: ``OPENING``, then ``COMPLETING`` or ``LIVE``."""
+    d = fold(ctx, d, OPENING)
+    if not d.finished:
+        d = fold(ctx, d, COMPLETING if d.verdict is not None else LIVE, while_live=True)
+    return d
+
+
+def _as_held(ctx: Ctx, status: JobStatus) -> JobStatus:
+    """``status`` with the fields the roles of a job merge (phase, the below-minimum
+    timer, ``rules.roles.MERGED``'s conditions) as the API holds them."""
+    held = {c.type: c for c in ctx.prior.conditions or () if any(c.is_type(t) for t in MERGED)}
+    merged = {t.value for t in MERGED}
+    # In place, so that the list keeps its order from pass to pass (no needless write).
+    conds = [held.get(c.type) if c.type in merged else c for c in status.conditions or ()]
+    seen = {c.type for c in status.conditions or ()}
+    conds += [c for t, c in held.items() if t not in seen]
+    return replace(
+        status,
+        phase=ctx.prior.phase,
+        below_min_since=ctx.prior.below_min_since,
+        conditions=tuple(c for c in conds if c is not None),
+    )
+
+
+def _role_draft(ctx: Ctx, d: Draft) -> Draft:
+    """``d`` made ready for role ``ctx.role``'s pass: that role's pods, no hand-offs of
+    the role before, and the merged phase, timer and conditions as the API holds them
+    (each role decides its own from there; ``rules.roles`` merges them after)."""
+    start = Draft.start(ctx)
+    # The role's own desired count as the last pass left it (``status.roles``): its
+    # scale events compare with that, not with the job's sum.
+    shown = next((r.desired for r in ctx.prior.roles or () if r.name == ctx.role), None)
+    return replace(
+        d,
+        status=replace(_as_held(ctx, d.status), desired_replicas=shown),
+        members=start.members,
+        spares=start.spares,
+        failed=(),
+        fatal="",
+        verdict=None,
+        held=False,
+        budget=None,
+    )
+
+
+def _merge(ctx: Ctx, d: Draft, outcomes: Sequence[RoleOutcome]) -> Draft:
+    """The job's phase, timer and conditions from its roles' (``rules.roles``)."""
+    status = replace(
+        _as_held(ctx, d.status),
+        phase=job_phase(outcomes),
+        below_min_since=below_min_since(outcomes),
+    )
+    d = replace(d, status=replace(status, desired_replicas=ctx.job.desired))
+    for ctype in MERGED:
+        said = job_condition(ctype, outcomes)
+        if said is not None:
+            d = d.set_condition(
+                ctx, ctype, status=said.status, reason=said.reason, message=said.message
+            )
+    return d
+
+
+def _run_roles(ctx: Ctx, d: Draft) -> Draft:
+    """A multi-role job: each role planned in turn as a job of one group (its
+    ``role_view``, its pods), the completion role first, each from the status the one
+    before left (counters, failures and Events add up; the store, its Service and the
+    NetworkPolicy are the job's, created once). A role that finishes the job ends the
+    pass (nothing more is created; ``ENDED`` stops the other roles' pods); else the
+    roles' phases and conditions are merged (``rules.roles``)."""
+    job = ctx.job
+    first = job.completion_role_name
+    views = sorted(job.role_views(), key=lambda v: v.role != first)
+    outcomes: list[RoleOutcome] = []
+    for view in views:
+        rctx = replace(ctx, job=view, role=view.role, completes=view.role == first)
+        d = _live(rctx, _role_draft(rctx, d))
+        if d.finished:
+            break
+        s = d.status
+        outcomes.append(RoleOutcome(view.role, s.phase, s.below_min_since, s.conditions or ()))
+    everyone = [w for v in views for w in ctx.obs.workers(v.role) if not w.standby]
+    d = replace(d, members=tuple(everyone), spares=())
+    if d.finished:
+        d = replace(d, create_pods=(), create_services=(), create_network_policies=())
+        return fold(ctx, d.with_status(desired_replicas=job.desired), ENDED)
+    return fold(ctx, _merge(ctx, d, outcomes), GOING_ON)
+
+
 def _run(ctx: Ctx, d: Draft) -> Draft:
     prior = ctx.prior_phase
     if prior is not None and prior.finished:
         return fold(ctx, d, FINISHED)
-    if ctx.job.multi_role:
+    if not_run(ctx.job):
         return fold(ctx, d, ROLES_NOT_RUN)
     if ctx.job.suspend:
         return fold(ctx, d, SUSPENDED)
     if ctx.obs.queue is not None and ctx.obs.queue.holds:
         return fold(ctx, d, HELD)
-    d = fold(ctx, d, OPENING)
-    if not d.finished:
-        d = fold(ctx, d, COMPLETING if d.verdict is not None else LIVE, while_live=True)
+    if ctx.job.multi_role:
+        return _run_roles(ctx, d)
+    d = _live(ctx, d)
     return fold(ctx, d, ENDED if d.finished else GOING_ON)
 
 

@@ -140,6 +140,15 @@ def leader(pods: Sequence[PodView], reports: Mapping[str, AgentReport]) -> PodVi
     return best[1] if best is not None else None
 
 
+def poll_targets(runnable: list[PodView], per_job: int) -> list[PodView]:
+    """The pods asked each interval: the first ``per_job``; of a multi-role job, the
+    first ``per_job`` of each role (each role has its own rank 0 and rounds)."""
+    groups = sorted({p.group for p in runnable if p.group is not None})
+    if len(groups) <= 1:
+        return runnable[:per_job]
+    return [p for g in groups for p in [q for q in runnable if q.group == g][:per_job]]
+
+
 class StatusPoller:
     def __init__(
         self,
@@ -277,7 +286,7 @@ class StatusPoller:
             runnable = sorted(
                 (p for p in pods if p.running and p.pod_ip), key=lambda p: p.index or 0
             )
-            targets = runnable[: self.per_job]
+            targets = poll_targets(runnable, self.per_job)
             live, silent = await self._ask(targets)
             named = suspects({**live, **out})
             extra = [p for p in runnable if p.name in named and p not in targets]

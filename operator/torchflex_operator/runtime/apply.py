@@ -35,7 +35,7 @@ from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.status import JobStatus
 from torchflex_operator.model.vocabulary import EventReason, EventType
 from torchflex_operator.planning.rules import events
-from torchflex_operator.planning.scheduling import Scheduling
+from torchflex_operator.planning.scheduling import Scheduling, Written
 from torchflex_operator.render import pdb
 from torchflex_operator.runtime.cache import JobKey
 from torchflex_operator.runtime.expectations import Expectations
@@ -65,7 +65,8 @@ class Applier:
         there waits) or bring its ``minCount`` to a changed ``minReplicas``."""
         await self.kube.apply_pod_group(manifest)
         record = self.memory.record(key)
-        record.written = dataclasses.replace(record.written, gang=job.min_replicas)
+        written = record.written.get(job.role, Written())
+        record.written[job.role] = dataclasses.replace(written, gang=job.min_replicas)
 
     async def budget(
         self,
@@ -79,18 +80,19 @@ class Applier:
         API refuses, or one of that name the job does not own, is said in a Warning
         Event and the pass goes on: the job runs without it (tried again each pass)."""
         record = self.memory.record(key)
+        written = record.written.get(job.role, Written())
         try:
             if writes.delete_budget:
                 await self.kube.delete_disruption_budget(
                     job.namespace, pdb.budget_name(job), job.uid
                 )
-                record.written = dataclasses.replace(
-                    record.written, budget=None, budget_deleted=True
+                record.written[job.role] = dataclasses.replace(
+                    written, budget=None, budget_deleted=True
                 )
             elif writes.budget is not None:
                 await self.kube.apply_disruption_budget(writes.budget)
-                record.written = dataclasses.replace(
-                    record.written,
+                record.written[job.role] = dataclasses.replace(
+                    written,
                     budget=job.min_replicas,
                     budget_spares=bool(job.warm_spares),
                     budget_deleted=False,

@@ -28,8 +28,9 @@ class JobRecord:
     """Latest refused create per object name (cleared by a create that works)."""
     posted: set[int] = dataclasses.field(default_factory=set)
     """Ids of the job's ``status.pendingEvents`` posted by this process."""
-    written: Written = dataclasses.field(default_factory=Written)
-    """What this process wrote for the job's PodGroup and PodDisruptionBudget."""
+    written: dict[str, Written] = dataclasses.field(default_factory=dict)
+    """What this process wrote for the job's PodGroup and PodDisruptionBudget, per
+    worker group (``JobSpec.role``: the one group of a job without ``spec.roles``)."""
     budget_refused: str = ""
     """The last reason the job's budget could not be written (said once in an Event)."""
 

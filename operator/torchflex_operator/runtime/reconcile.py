@@ -49,6 +49,7 @@ from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.status import JobStatus
 from torchflex_operator.model.vocabulary import EventReason, EventType, GangScheduling
 from torchflex_operator.planning import plan, scheduling
+from torchflex_operator.planning.pipeline import not_run
 from torchflex_operator.planning.rules.defaulting import replicas_patch
 from torchflex_operator.render import podgroup, workload
 from torchflex_operator.runtime.admission import Workloads
@@ -263,9 +264,9 @@ class Reconciler:
             )
             raise
         observed = await self.observe(key, now)
-        # A multi-role job is planned as not run yet (pipeline.ROLES_NOT_RUN): no
-        # Workload, PodGroup or budget is written for it.
-        runs = not job.multi_role
+        # A multi-role job not run yet (pipeline.ROLES_NOT_RUN): no Workload, PodGroup
+        # or budget is written for it.
+        runs = not not_run(job)
         view = await self.workloads.view(key, job) if runs else None
         observed = dataclasses.replace(observed, queue=workload.gate(job, view) if runs else None)
         mode = await self._gang_mode()
@@ -324,14 +325,18 @@ class Reconciler:
         now: dt.datetime,
     ) -> None:
         """The PodGroup first (a pod naming a group that is not there waits), then the
-        budget, as ``planning.scheduling`` decides from what this process wrote."""
-        writes = scheduling.decide(job, mode, finished, self.memory.record(key).written)
-        if writes.pod_group is not None:
-            try:
-                await self.applier.pod_group(key, job, writes.pod_group)
-            except ApiAbsentError as exc:
-                # Served at discovery, 404 now: the API was turned off, or the namespace
-                # is going. Ask discovery again on the next pass, planned from its answer.
-                self.settings = dataclasses.replace(self.settings, gang_scheduling=None)
-                raise RetryableError(str(exc)) from exc
-        await self.applier.budget(key, obj, job, writes, now)
+        budget, as ``planning.scheduling`` decides from what this process wrote; one of
+        each per worker group (each role of a multi-role job has its own)."""
+        written = self.memory.record(key).written
+        for group in job.role_views():
+            seen = written.get(group.role, scheduling.Written())
+            writes = scheduling.decide(group, mode, finished, seen)
+            if writes.pod_group is not None:
+                try:
+                    await self.applier.pod_group(key, group, writes.pod_group)
+                except ApiAbsentError as exc:
+                    # Served at discovery, 404 now: the API was turned off, or the namespace
+                    # is going. Ask discovery again on the next pass, planned from its answer.
+                    self.settings = dataclasses.replace(self.settings, gang_scheduling=None)
+                    raise RetryableError(str(exc)) from exc
+            await self.applier.budget(key, obj, group, writes, now)

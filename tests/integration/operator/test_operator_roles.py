@@ -1,14 +1,12 @@
-"""Multi-role jobs (spec.roles) on the real control plane: accepted by the API, not run
-by the operator yet, and said so (issue 29).
+"""Multi-role jobs (spec.roles) on the real control plane: every role's pods run, the
+scale role alone follows ``kubectl scale`` (issue 29).
 
-kopf runs in-process (``operator`` fixture); the job's pods would go to kwok's fake
-nodes, and none may be created.
+kopf runs in-process (``operator`` fixture); the job's pods go to kwok's fake nodes.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,6 @@ from tests.integration.operator.jobs import (
     SLEEP,
     apply,
     condition,
-    event_messages,
     get_job,
     kwok_job,
     live_workers,
@@ -68,50 +65,66 @@ def owned_objects(cluster: Cluster, namespace: str, name: str) -> list[str]:
     return out.stdout.split()
 
 
-def test_a_multi_role_job_is_accepted_not_run_and_said_so(
+def role_pods(cluster: Cluster, namespace: str, name: str, role: str) -> list[str]:
+    return sorted(
+        p for p in live_workers(cluster, namespace, name) if p.startswith(f"{name}-{role}-")
+    )
+
+
+def test_a_multi_role_job_runs_every_role_and_scales_its_scale_role_only(
     cluster: Cluster, namespace: str, operator: Reconciler
 ) -> None:
     cluster.kwok_nodes(2, prefix="roles-kwok")
-    # A job of one group beside it runs as ever: the operator is up and planning.
+    # A job of one group beside it runs as ever.
     apply(cluster, namespace, kwok_job("single", minReplicas=1, maxReplicas=1))
     apply(cluster, namespace, roles_job("duo"))
     wait_job_phase(cluster, namespace, "single", "Running", 60)
-
-    def said() -> bool:
-        cond = condition(get_job(cluster, namespace, "duo"), "Training")
-        return cond is not None and cond["reason"] == "RolesNotRun"
-
-    wait_for(said, 60, "Training=False RolesNotRun on the multi-role job")
+    wait_job_phase(cluster, namespace, "duo", "Running", 90)
+    assert role_pods(cluster, namespace, "duo", "trainer") == ["duo-trainer-0"]
+    assert role_pods(cluster, namespace, "duo", "reader") == ["duo-reader-0", "duo-reader-1"]
     job = get_job(cluster, namespace, "duo")
-    cond = condition(job, "Training")
-    assert cond is not None and cond["status"] == "False"
-    assert "not yet run" in cond["message"], cond
-    assert job["status"]["phase"] == "Pending"
     # The scale subresource works: spec.replicas is the scale role's, written by the operator.
     assert job["spec"]["replicas"] == 2
-    assert [(r["name"], r["desired"], r["ready"]) for r in job["status"]["roles"]] == [
-        ("trainer", 1, 0),
-        ("reader", 2, 0),
-    ]
     assert job["status"]["selector"].endswith(",torchflex.io/training-role=reader")
-    wide = cluster.kubectl("get", "ej", "duo", "-n", namespace, "-o", "wide").stdout
-    assert "ROLES" in wide and "trainer 0/1 reader 0/2" in wide, wide
     wait_for(
-        lambda: any(r == "RolesNotRun" for r, _ in event_messages(cluster, namespace, "duo")),
-        30,
-        "the RolesNotRun Event",
+        lambda: (
+            [
+                (r["name"], r["desired"], r["ready"])
+                for r in get_job(cluster, namespace, "duo")["status"]["roles"]
+            ]
+            == [("trainer", 1, 1), ("reader", 2, 2)]
+        ),
+        60,
+        "status.roles: every role ready",
     )
-    time.sleep(3)  # a few more passes (resync, status writes): still nothing of its own
-    assert owned_objects(cluster, namespace, "duo") == []
-    notes = [m for r, m in event_messages(cluster, namespace, "duo") if r == "RolesNotRun"]
-    assert len(notes) == 1 and "spec.roles" in notes[0], notes
+    wide = cluster.kubectl("get", "ej", "duo", "-n", namespace, "-o", "wide").stdout
+    assert "ROLES" in wide and "trainer 1/1 reader 2/2" in wide, wide
+    cond = condition(get_job(cluster, namespace, "duo"), "MinAvailable")
+    assert cond is not None and cond["status"] == "True", cond
+    assert "role trainer: " in cond["message"] and "role reader: " in cond["message"], cond
+    # One store pod for the job, whatever the number of roles.
+    objects = owned_objects(cluster, namespace, "duo")
+    assert [o for o in objects if o.startswith("pod/duo-store")] == ["pod/duo-store"]
+    # A budget per role.
+    assert sorted(o for o in objects if o.startswith("poddisruptionbudget")) == [
+        "poddisruptionbudget.policy/duo-reader",
+        "poddisruptionbudget.policy/duo-trainer",
+    ]
+    # kubectl scale drives the scale role (reader) and leaves the trainer as it is.
+    cluster.kubectl("scale", "ej", "duo", "-n", namespace, "--replicas=1")
+    wait_for(
+        lambda: role_pods(cluster, namespace, "duo", "reader") == ["duo-reader-0"],
+        60,
+        "the reader role scaled down to one pod",
+    )
+    assert role_pods(cluster, namespace, "duo", "trainer") == ["duo-trainer-0"]
     assert len(live_workers(cluster, namespace, "single")) == 1
 
 
 def test_each_role_s_pods_and_budget_are_valid_objects_for_the_api_server(
     cluster: Cluster, namespace: str, crd: None, tmp_path: Path
 ) -> None:
-    # Built by the pod builder the planner will use once roles run: the API server's own
+    # Built by the pod builder the planner uses for each role: the API server's own
     # validation (names, hostnames, labels, env) accepts every one (dry run: nothing made).
     # The longest name the CRD lets these roles have: both highest pods are 63 characters.
     obj = roles_job("a-two-role-job-named-with-fifty-three-characters-abcd")

@@ -1,5 +1,5 @@
-"""Multi-role jobs (spec.roles, issue 29): the spec model, what single-role jobs keep, and
-the operator's refusal to run them yet."""
+"""Multi-role jobs (spec.roles, issue 29): the spec model, what single-role jobs keep, how
+the operator plans each role and merges them, and its refusal to run a queued one yet."""
 
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ from tests.unit.operator.factories import (
     roles_obj,
     worker,
 )
-from torchflex_contract.progress import AgentReport, AgentState
+from torchflex_contract.progress import AgentReport, AgentState, Progress
 from torchflex_contract.roles import Coupling
 from torchflex_operator.model.errors import InvalidSpecError
 from torchflex_operator.model.observed import Observed, PodView
 from torchflex_operator.model.roles import FailureScope
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.model.spec import JobSpec
+from torchflex_operator.model.status import JobStatus
 from torchflex_operator.model.vocabulary import (
     ConditionType,
     EventReason,
@@ -41,6 +42,7 @@ from torchflex_operator.model.vocabulary import (
 from torchflex_operator.planning import plan
 from torchflex_operator.planning.rules.defaulting import replicas_patch
 from torchflex_operator.render import builders, pdb, podgroup
+from torchflex_operator.runtime.agent_status import poll_targets
 
 REPO = Path(__file__).resolve().parents[3]
 GANG = dataclasses.replace(Settings(), gang_scheduling=GangScheduling.ENABLED)
@@ -202,8 +204,35 @@ def test_under_a_kueue_queue_at_most_one_role_is_elastic() -> None:
     assert JobSpec.parse(roles_obj(role("trainer", 1, 2), role("reader", 1, 4))).multi_role
 
 
-def test_a_multi_role_job_is_not_run_and_says_so_once_per_generation() -> None:
-    job = roles_job()
+def role_pod(view: JobSpec, index: int, phase: str = "Running", **kw: Any) -> PodView:
+    """Role pod ``index`` of ``view`` (a role view) as the watch shows it."""
+    pod = PodView.from_pod(builders.worker_pod(view, index, GANG) | {"status": {"phase": phase}})
+    return dataclasses.replace(pod, ready=phase == "Running", node_name="node-a", **kw)
+
+
+def test_a_multi_role_job_creates_every_role_pod_and_one_store() -> None:
+    job = roles_job()  # trainer 2:2, reader 1:4 (desired 4)
+    result = plan(job, parsed({}), observed(services=frozenset()), NOW)
+    names = sorted(m["metadata"]["name"] for m in result.create_pods)
+    readers = [f"demo-reader-{i}" for i in range(4)]
+    assert names == sorted(["demo-trainer-0", "demo-trainer-1", *readers])
+    # The store (observed here), its Service and the NetworkPolicy: the job's, once.
+    services = [m["metadata"]["name"] for m in result.create_services]
+    assert len(services) == len(set(services)) and services
+    assert len(result.create_network_policies) == 1
+    without_store = plan(job, parsed({}), Observed(pods=()), NOW)
+    stores = [m for m in without_store.create_pods if m["metadata"]["name"] == "demo-store"]
+    assert len(stores) == 1
+    assert [e.reason for e in without_store.events].count(EventReason.STORE_CREATED) == 1
+
+
+@pytest.mark.parametrize(
+    "obj", [queued(roles_obj()), roles_obj(coupling="Joint")], ids=["queued", "joint"]
+)
+def test_a_queued_or_joint_multi_role_job_is_not_run_and_says_so_once_per_generation(
+    obj: dict[str, Any],
+) -> None:
+    job = JobSpec.parse(obj)
     first = plan(job, parsed({}), observed(), NOW)
     assert not first.create_pods and not first.create_services
     status = decided(first)
@@ -211,7 +240,6 @@ def test_a_multi_role_job_is_not_run_and_says_so_once_per_generation() -> None:
     training = next(c for c in status.conditions or () if c.is_type(ConditionType.TRAINING))
     assert training.reason == Reason.ROLES_NOT_RUN and "not yet run" in training.message
     assert [e.reason for e in first.events] == [EventReason.ROLES_NOT_RUN]
-    # The next pass says nothing new; a new generation says it again.
     again = plan(job, status, observed(), NOW)
     assert not again.events and not again.create_pods
     edited = dataclasses.replace(job, generation=job.generation + 1)
@@ -220,9 +248,46 @@ def test_a_multi_role_job_is_not_run_and_says_so_once_per_generation() -> None:
     ]
 
 
-def test_pods_an_older_operator_made_for_a_multi_role_job_are_deleted() -> None:
-    result = plan(roles_job(), parsed({}), observed(worker(0)), NOW)
-    assert sorted(d.name for d in result.delete_pods) == ["demo-store", "demo-worker-0"]
+def test_a_multi_role_job_runs_when_every_role_runs() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3, replicas=1))
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), role_pod(reader, 0, "Pending")]
+    status = decided(plan(job, parsed({}), observed(*pods), NOW))
+    assert status.phase is Phase.PENDING  # the reader is below its minimum
+    avail = next(c for c in status.conditions or () if c.is_type(ConditionType.MIN_AVAILABLE))
+    assert avail.status == "False" and avail.message.startswith("role reader: ")
+    pods[2] = role_pod(reader, 0)
+    status = decided(plan(job, status, observed(*pods), NOW))
+    assert status.phase is Phase.RUNNING
+    avail = next(c for c in status.conditions or () if c.is_type(ConditionType.MIN_AVAILABLE))
+    assert avail.status == "True" and "role trainer: " in avail.message
+    assert "role reader: " in avail.message
+
+
+def done(pod: PodView, code: int = 0) -> PodView:
+    return dataclasses.replace(
+        pod, phase="Succeeded" if code == 0 else "Failed", ready=False, exit_code=code
+    )
+
+
+def test_the_completion_role_completes_the_job_and_stops_the_other_roles() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3, replicas=1))
+    trainer, reader = job.role_views()
+    pods = [done(role_pod(trainer, 0)), done(role_pod(trainer, 1)), role_pod(reader, 0)]
+    result = plan(job, parsed({"phase": "Running"}), observed(*pods), NOW)
+    assert decided(result).phase is Phase.SUCCEEDED
+    assert not result.create_pods
+    assert "demo-reader-0" in {d.name for d in result.delete_pods}
+
+
+def test_a_role_that_is_not_the_completion_role_finishing_does_not_end_the_job() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3, replicas=1))
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), done(role_pod(reader, 0))]
+    result = plan(job, parsed({"phase": "Running"}), observed(*pods), NOW)
+    status = decided(result)
+    assert status.phase is not None and not status.phase.finished
+    assert not any(m["metadata"]["name"].startswith("demo-reader") for m in result.create_pods)
 
 
 @pytest.mark.parametrize(
@@ -371,3 +436,81 @@ def test_status_roles_say_each_role_and_the_selector_names_the_scale_role() -> N
     # A job of one group writes neither.
     single = decided(plan(JobSpec.parse(job_obj()), parsed({}), observed(), NOW)).to_manifest()
     assert "roles" not in single and "roleSummary" not in single
+
+
+def test_a_steady_multi_role_job_changes_nothing_on_the_next_pass() -> None:
+    # Each role is planned from the status the role before left: nothing may flip
+    # between them from one pass to the next (no events, no status write).
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3, replicas=2))
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), role_pod(reader, 0), role_pod(reader, 1)]
+    first = decided(plan(job, parsed({}), observed(*pods), NOW))
+    status = JobStatus.parse(first.to_manifest())
+    again = plan(job, status, observed(*pods), NOW)
+    assert not again.events and not again.create_pods and not again.delete_pods
+    assert decided(again) == status
+    assert status.desired_replicas == 4 and status.phase is Phase.RUNNING
+
+
+def test_scaling_the_scale_role_touches_that_role_only() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3, replicas=2), scaleRole="reader")
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), role_pod(reader, 0), role_pod(reader, 1)]
+    status = decided(plan(job, parsed({}), observed(*pods), NOW))
+    bigger = dataclasses.replace(job, replicas=3)
+    result = plan(bigger, status, observed(*pods), NOW)
+    assert [m["metadata"]["name"] for m in result.create_pods] == ["demo-reader-2"]
+    assert [e.message for e in result.events if e.reason == EventReason.SCALED_UP] == [
+        "desired replicas 2 -> 3"
+    ]
+    smaller = dataclasses.replace(job, replicas=1)
+    assert [d.name for d in plan(smaller, status, observed(*pods), NOW).delete_pods] == [
+        "demo-reader-1"
+    ]
+
+
+def test_the_job_s_round_world_and_progress_are_the_completion_role_s() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3, replicas=1))
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), role_pod(reader, 0)]
+    reports = {
+        "demo-trainer-0": AgentReport(
+            AgentState.RUNNING, round=1, world_size=2, holds_rank0=True, progress=Progress(step=5)
+        ),
+        "demo-trainer-1": AgentReport(AgentState.RUNNING, round=1, world_size=2),
+        "demo-reader-0": AgentReport(
+            AgentState.RUNNING, round=7, world_size=1, holds_rank0=True, progress=Progress(step=90)
+        ),
+    }
+    status = decided(plan(job, parsed({}), observed(*pods, reports=reports), NOW))
+    assert (status.rendezvous_round, status.world_size) == (1, 2)
+    assert status.progress is not None and status.progress.step == 5
+    assert status.rank0_pod == "demo-trainer-0"
+    # Every role's pods are of their role's current spec.
+    assert status.updated_replicas == 3
+    assert [(r.name, r.round, r.world_size) for r in status.roles or ()] == [
+        ("trainer", 1, 2),
+        ("reader", 7, 1),
+    ]
+
+
+def test_the_poller_asks_the_first_pods_of_each_role() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3))
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, i) for i in range(2)] + [role_pod(reader, i) for i in range(3)]
+    names = [p.name for p in poll_targets(pods, 2)]
+    assert names == ["demo-reader-0", "demo-reader-1", "demo-trainer-0", "demo-trainer-1"]
+    single = [worker(i) for i in range(3)]  # one group: the first per_job, as ever
+    assert [p.name for p in poll_targets(single, 2)] == ["demo-worker-0", "demo-worker-1"]
+
+
+def test_any_role_failing_fails_the_job_and_stops_every_role() -> None:
+    job = roles_job(role("trainer", 2, 2), role("reader", 1, 3, replicas=1), backoffLimit=0)
+    trainer, reader = job.role_views()
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), done(role_pod(reader, 0), 1)]
+    result = plan(job, parsed({"phase": "Running"}), observed(*pods), NOW)
+    status = decided(result)
+    assert status.phase is Phase.FAILED
+    assert status.last_failure is not None and status.last_failure.pod == "demo-reader-0"
+    assert not result.create_pods
+    assert {"demo-trainer-0", "demo-trainer-1"} <= {d.name for d in result.delete_pods}

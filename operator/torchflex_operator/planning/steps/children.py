@@ -16,9 +16,14 @@ from torchflex_operator.render import builders, netpol
 
 
 def services(ctx: Ctx, d: Draft) -> Draft:
-    """Create the job's Services that are missing."""
+    """Create the job's Services that are missing (once: each role of a multi-role job
+    runs this step)."""
+    planned = {svc["metadata"]["name"] for svc in d.create_services}
     missing = tuple(
-        svc for svc in builders.services(ctx.job) if svc["metadata"]["name"] not in ctx.obs.services
+        svc
+        for svc in builders.services(ctx.job)
+        if svc["metadata"]["name"] not in ctx.obs.services
+        and svc["metadata"]["name"] not in planned
     )
     return replace(d, create_services=(*d.create_services, *missing)) if missing else d
 
@@ -27,11 +32,12 @@ def network_policy(ctx: Ctx, d: Draft) -> Draft:
     """Keep the job's NetworkPolicy while enabled, delete it once opted out."""
     job = ctx.job
     name = netpol.policy_name(job.name)
-    present = name in ctx.obs.network_policies
+    planned = {p["metadata"]["name"] for p in d.create_network_policies}
+    present = name in ctx.obs.network_policies or name in planned
     if job.network_policy and not present:
         policy = netpol.network_policy(job, ctx.settings)
         return replace(d, create_network_policies=(*d.create_network_policies, policy))
-    if not job.network_policy and present:
+    if not job.network_policy and present and name not in d.delete_network_policies:
         return replace(d, delete_network_policies=(*d.delete_network_policies, name))
     return d
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from torchflex_contract import labels
 from torchflex_operator.model.status import RoleStatus
-from torchflex_operator.planning.context import Ctx, Draft
+from torchflex_operator.planning.context import Ctx, Draft, completion_group
 from torchflex_operator.planning.rules import events, rollout
 from torchflex_operator.planning.rules.failures import succeeded
 from torchflex_operator.render import builders
@@ -26,27 +26,34 @@ def generations(ctx: Ctx, d: Draft) -> Draft:
 
 
 def counts(ctx: Ctx, d: Draft) -> Draft:
-    """Replicas, ready and updated members, restarts, the round and world size."""
+    """Replicas, ready and updated members, restarts, the round and world size (of a
+    multi-role job: the completion role's round and world size)."""
     s = d.status
     active = [w for w in d.members if w.active]
-    current = builders.template_hash(ctx.job)
+    # Each worker group against its own spec hash (a role's pods carry their role's).
+    current = {view.role: builders.template_hash(view) for view in ctx.job.role_views()}
     restarts = s.restarts or 0
     rnd = -1 if s.rendezvous_round is None else s.rendezvous_round
     world = s.world_size or 0
     # Finished members' final reports count: a job done between polls keeps its
     # world size, and a failed one the restarts and round its agents ended with.
     names = {w.name for w in d.members if w.active or succeeded(w) or w.phase == "Failed"}
-    reports = [r for n, r in ctx.obs.reports.items() if n in names and r.round >= 0]
+    rounds = names & completion_group(ctx, d)
+    reports = [r for n, r in ctx.obs.reports.items() if n in rounds and r.round >= 0]
     if reports:
         rnd = max(r.round for r in reports)
         world = max(r.world_size for r in reports if r.round == rnd)
-        restarts = max(restarts, *(r.restarts for r in reports))
+    every = [r for n, r in ctx.obs.reports.items() if n in names and r.round >= 0]
+    if every:
+        restarts = max(restarts, *(r.restarts for r in every))
     # With roles, the scale subresource (and so an HPA) drives the scale role's pods.
     scaled = ctx.job.scale_role_name if ctx.job.multi_role else None
     return d.with_status(
         replicas=len(active),
         ready_replicas=sum(1 for w in active if w.ready),
-        updated_replicas=sum(1 for w in active if not rollout.outdated(w, current)),
+        updated_replicas=sum(
+            1 for w in active if not rollout.outdated(w, current.get(w.group or "", ""))
+        ),
         selector=labels.worker_selector(ctx.job.name, scaled),
         observed_generation=ctx.job.generation,
         failures=s.failures or 0,

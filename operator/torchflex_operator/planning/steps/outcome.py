@@ -27,7 +27,9 @@ def judge(ctx: Ctx, d: Draft) -> Draft:
     d = replace(d, verdict=verdict)
     outcome = None if verdict is None else verdict.outcome
     failures = d.status.failures or 0
-    if verdict is not None and outcome is completion.Outcome.SUCCEEDED:
+    # A role that does not complete the job is left to finish its round (COMPLETING);
+    # the job goes on until its completion role succeeds.
+    if verdict is not None and outcome is completion.Outcome.SUCCEEDED and ctx.completes:
         note = hung.succeeded_note(d.status.hung_workers, None)
         message = verdict.message + note
         return finish(ctx, d, Phase.SUCCEEDED, Reason.WORKER_GROUP_SUCCEEDED, message)

@@ -28,7 +28,8 @@ def rendezvous_host(ctx: Ctx, d: Draft) -> Draft:
     for pod in pods:
         if pod.finished and not pod.terminating:
             d = d.delete(pod)
-    if pods or d.held:
+    # Planned already: by the role before, in a multi-role job's pass.
+    if pods or d.held or any(m["metadata"]["name"] == name for m in d.create_pods):
         return d
     if d.status.rendezvous_host:
         d = d.event(

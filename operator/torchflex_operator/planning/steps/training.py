@@ -21,7 +21,7 @@ from dataclasses import replace
 from torchflex_contract.progress import AgentReport
 from torchflex_operator.model.status import TrainingProgress
 from torchflex_operator.model.vocabulary import ConditionType
-from torchflex_operator.planning.context import Ctx, Draft
+from torchflex_operator.planning.context import Ctx, Draft, completion_group
 from torchflex_operator.planning.rules.activity import group_state
 
 
@@ -43,13 +43,15 @@ def _holds_rank0(report: AgentReport) -> bool:
 
 
 def progress(ctx: Ctx, d: Draft) -> Draft:
-    """``status.progress`` and ``status.rank0Pod`` from the agents' reports.
+    """``status.progress`` and ``status.rank0Pod`` from the agents' reports (of a
+    multi-role job: its completion role's).
 
     Reports of live and finished workers count (a finished job keeps its last
     step). The newest round's report wins, then the highest step; nothing
     reported keeps what status says (the pods that said it may be gone).
     """
     names = {w.name for w in d.members if not w.terminating or w.finished}
+    names &= completion_group(ctx, d)  # a multi-role job's: its completion role's
     reports = [(n, r) for n, r in sorted(ctx.obs.reports.items()) if n in names]
     holders = [(r.round, n) for n, r in reports if r.round >= 0 and _holds_rank0(r)]
     if holders:

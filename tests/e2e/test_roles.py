@@ -1,0 +1,167 @@
+"""Multi-role jobs (spec.roles, Independent coupling) on the local control plane.
+
+Real operator process, real agents and torch workers (CPU, gloo) on the process
+kubelet: two roles each run ``examples/train_elastic.py`` in a rendezvous of their own
+(``<rdzv-id>.<role>``), both through the job's one store pod. The trainer role is the
+completion role: its final round exiting 0 completes the job, and the readers, still
+running, are stopped. A reader's death re-forms the readers only, and ``kubectl scale``
+(the scale role: reader) adds a reader only.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster import Cluster
+from e2e.operator_proc import OperatorProcess, sigkill_pod_processes, wait_gone
+from e2e.trainlog import Line, LogFollower
+from e2e.workload import CKPT_MOUNT, TrainingJob, apply, get_job, worker_pods
+from tests.e2e.checks import wait_phase
+from tests.support import wait_for
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def role_entry(name: str, job: TrainingJob) -> dict[str, Any]:
+    """One ``spec.roles`` entry running ``job``'s command, with a checkpoint of its own."""
+    spec = job.manifest()["spec"]
+    template = copy.deepcopy(spec["template"])
+    container = template["spec"]["containers"][0]
+    container["command"] = [
+        f"{CKPT_MOUNT}/{name}" if arg == CKPT_MOUNT else arg for arg in container["command"]
+    ]
+    entry = {
+        "name": name,
+        "minReplicas": job.min_replicas,
+        "maxReplicas": job.max_replicas,
+        "nprocPerNode": 1,
+        "template": template,
+    }
+    if job.replicas is not None:
+        entry["replicas"] = job.replicas
+    return entry
+
+
+def roles_manifest(name: str, *roles: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    base = TrainingJob(name, Path("/unused")).manifest()
+    for key in ("minReplicas", "maxReplicas", "template", "nprocPerNode"):
+        base["spec"].pop(key)
+    base["spec"] |= {"roles": list(roles), **spec}
+    return base
+
+
+def role_pods(cluster: Cluster, namespace: str, name: str, role: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in worker_pods(cluster, namespace, name)
+        if p["metadata"]["name"].startswith(f"{name}-{role}-")
+    ]
+
+
+def test_two_independent_roles_train_and_the_completion_role_completes_the_job(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    trainer = TrainingJob("duo", ckpt_dir, min_replicas=2, max_replicas=2, steps=60)
+    # The readers would train far longer: they are stopped when the trainers are done.
+    reader = TrainingJob("duo", ckpt_dir, min_replicas=1, max_replicas=3, replicas=1, steps=100000)
+    manifest = roles_manifest("duo", role_entry("trainer", trainer), role_entry("reader", reader))
+    apply(cluster, namespace, manifest)
+
+    wait_phase(cluster, namespace, "duo", "Succeeded", 300)
+
+    steps = follower.lines("step")
+    trainers = [s for s in steps if s.pod.startswith("duo-trainer-")]
+    readers = [s for s in steps if s.pod.startswith("duo-reader-")]
+    # Each role trained in a group of its own size: two trainers, one reader.
+    assert {s.world for s in trainers} == {2}, sorted({(s.pod, s.world) for s in trainers})
+    assert {s.rank for s in trainers if s.step == 60} == {0, 1}
+    assert readers and {s.world for s in readers} == {1}
+    assert max(s.step for s in readers) < 100000
+    status = get_job(cluster, namespace, "duo")["status"]
+    succeeded = next(c for c in status["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["status"] == "True", succeeded
+    assert [r["name"] for r in status["roles"]] == ["trainer", "reader"]
+    # The readers are stopped (cleanPodPolicy Running): none is left running.
+    wait_for(
+        lambda: all(
+            p.get("status", {}).get("phase") in ("Succeeded", "Failed")
+            or p["metadata"].get("deletionTimestamp")
+            for p in role_pods(cluster, namespace, "duo", "reader")
+        ),
+        60,
+        "no reader pod left running",
+    )
+
+
+def role_steps(follower: LogFollower, role: str) -> list[Line]:
+    return [s for s in follower.lines("step") if s.pod.startswith(f"duo-{role}-")]
+
+
+def test_a_reader_killed_re_forms_the_readers_only_and_scale_adds_a_reader(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    # Trainers long enough (60 s at full speed) for a kill and a scale to happen first.
+    trainer = TrainingJob("duo", ckpt_dir, min_replicas=2, max_replicas=2, steps=600)
+    reader = TrainingJob("duo", ckpt_dir, min_replicas=1, max_replicas=3, steps=100000)
+    manifest = roles_manifest(
+        "duo",
+        role_entry("trainer", trainer),
+        role_entry("reader", reader),
+        scaleRole="reader",
+        replicas=2,
+    )
+    apply(cluster, namespace, manifest)
+    wait_for(
+        lambda: (
+            any(s.world == 2 for s in role_steps(follower, "trainer"))
+            and any(s.world == 2 for s in role_steps(follower, "reader"))
+        ),
+        240,
+        "trainers and readers training, two of each",
+    )
+    trainer_round = max(s.round for s in role_steps(follower, "trainer"))
+    reader_round = max(s.round for s in role_steps(follower, "reader"))
+
+    pids = sigkill_pod_processes(namespace, "duo-reader-1")
+    assert pids and wait_gone(pids), "the reader's agent and worker still alive"
+    # The readers re-form in a later round of their own ...
+    wait_for(
+        lambda: any(s.round > reader_round for s in role_steps(follower, "reader")),
+        120,
+        f"readers training in a round after {reader_round}",
+    )
+    # ... and kubectl scale (scaleRole: reader) adds a reader, no trainer.
+    cluster.kubectl("scale", "ej", "duo", "-n", namespace, "--replicas=3")
+    wait_for(
+        lambda: any(
+            p["metadata"]["name"] == "duo-reader-2"
+            for p in role_pods(cluster, namespace, "duo", "reader")
+        ),
+        60,
+        "duo-reader-2 created",
+    )
+    assert sorted(
+        p["metadata"]["name"] for p in role_pods(cluster, namespace, "duo", "trainer")
+    ) == [
+        "duo-trainer-0",
+        "duo-trainer-1",
+    ]
+    wait_phase(cluster, namespace, "duo", "Succeeded", 300)
+    # The trainers never left their first round: a reader's death is not theirs.
+    trained = role_steps(follower, "trainer")
+    assert {s.round for s in trained} == {trainer_round}
+    assert {s.rank for s in trained if s.step == 600} == {0, 1}
+    status = get_job(cluster, namespace, "duo")["status"]
+    assert status["lastFailure"]["pod"] == "duo-reader-1", status.get("lastFailure")
