@@ -100,7 +100,7 @@ own_layer() {
 
 k=0
 if (( new_shared )); then
-  progress_step $(( k += 1 )) "a Python $pyver environment with pip" "$venv_log" shared_pip
+  progress_step $(( k += 1 )) "a Python ${pyver:0:1}.${pyver:1} environment with pip" "$venv_log" shared_pip
   progress_step $(( k += 1 )) "torch and every pinned dependency (constraints.txt; GBs)" "$venv_log" shared_packages
 fi
 progress_step $(( k += 1 )) "this checkout's layer ($own: the project editable, ${want:-no torchx})" "$venv_log" own_layer
