@@ -18,7 +18,8 @@ import pytest
 
 from e2e import hostfiles
 from e2e.cluster import Cluster, ensure_up, tear_down
-from e2e.cluster.layout import state_dir
+from e2e.cluster.layout import state_dir, toolchain_bin_dir
+from tests import toolchain_parts
 from tests.support import fresh_namespace
 
 
@@ -28,6 +29,24 @@ def pytest_configure(config: pytest.Config) -> None:
         hostfiles.ensure_loopback_names()
     except hostfiles.HostSetupError as exc:
         raise pytest.UsageError(str(exc)) from exc
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the toolchain parts the collected tests run (tests/toolchain_parts.py),
+    before the first test: a cold build takes minutes, more than a test's timeout.
+    build.sh's progress lines go to the terminal, not into a test's captured output."""
+    if session.config.option.collectonly:
+        return
+    tests = [
+        (item.nodeid.split("::", 1)[0], "cluster" in getattr(item, "fixturenames", ()))
+        for item in session.items
+    ]
+    parts = toolchain_parts.build_args(tests)
+    if not parts:
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        toolchain_bin_dir(*parts)
 
 
 _SECONDS_BY_FILE: defaultdict[str, float] = defaultdict(float)

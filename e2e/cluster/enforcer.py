@@ -158,7 +158,7 @@ def start(lay: Layout, bin_dir: Path, node: str, lock_wait_s: float = LOCK_WAIT_
         raise EnforcerError(f"kube-router's firewall cannot run here: {lacking}")
     exe = binary(bin_dir)
     if not exe.exists():
-        raise EnforcerError(f"{exe} is not built: run e2e/toolchain/build.sh")
+        raise EnforcerError(f"{exe} is not built: run e2e/toolchain/build.sh kube-router")
     _bridge_to_netfilter()
     fd = _take_lock(lock_wait_s)
     log_path = lay.logs / f"{NAME}.log"

@@ -123,7 +123,7 @@ def install_crds(lay: Layout, bin_dir: Path) -> None:
     client-side annotation) and wait until they are served."""
     folder = crds(bin_dir)
     if not folder.is_dir():
-        raise KueueError(f"{folder} is missing: run e2e/toolchain/build.sh")
+        raise KueueError(f"{folder} is missing: run e2e/toolchain/build.sh kueue")
     _kubectl(lay, "apply", "--server-side", "--force-conflicts", "-f", str(folder))
     _kubectl(lay, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(folder))
     _kubectl(lay, "apply", "-f", "-", stdin=yaml.safe_dump(
@@ -137,7 +137,7 @@ def start(lay: Layout, bin_dir: Path) -> int:
         return processes.recorded(lay.pids, NAME)[0]
     exe = binary(bin_dir)
     if not exe.exists():
-        raise KueueError(f"{exe} is not built: run e2e/toolchain/build.sh")
+        raise KueueError(f"{exe} is not built: run e2e/toolchain/build.sh kueue")
     install_crds(lay, bin_dir)
     home = lay.root / "kueue"
     home.mkdir(parents=True, exist_ok=True)

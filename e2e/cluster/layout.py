@@ -61,12 +61,13 @@ def state_dir() -> Path:
     return Path(os.environ.get("TORCHFLEX_CLUSTER_DIR", default)).resolve()
 
 
-def toolchain_bin_dir() -> Path:
-    """The pinned binaries; building them if missing (no-op when warm)."""
+def toolchain_bin_dir(*parts: str) -> Path:
+    """The pinned binaries, building those of ``parts`` that are missing (no-op when
+    warm; ``build.sh`` names the parts). Its progress lines pass through on stderr."""
     out = subprocess.run(
-        ["bash", str(REPO_ROOT / "e2e" / "toolchain" / "build.sh")],
+        ["bash", str(REPO_ROOT / "e2e" / "toolchain" / "build.sh"), *parts],
         check=True,
-        capture_output=True,
+        stdout=subprocess.PIPE,
         text=True,
     )
     return Path(out.stdout.strip().splitlines()[-1])

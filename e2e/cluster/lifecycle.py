@@ -45,6 +45,9 @@ from e2e.localproc import listening
 DAEMONS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubelet"]
 DEFAULT_NODES = ["tf-node-0"]
 START_TIMEOUT_S = 90.0
+# The toolchain parts (e2e/toolchain/build.sh) every cluster runs: etcd, the
+# Kubernetes control plane, kwok. All `make demo` builds.
+CONTROL_PLANE_PARTS = ("control-plane",)
 
 
 def _insecure() -> ssl.SSLContext:
@@ -123,11 +126,16 @@ def ensure_up(root: Path | None = None, nodes: list[str] | None = None) -> Clust
     lay.ensure()
     existing = _running(lay)
     if existing is not None:
+        # helm and kwokctl may have been built since it started (`make demo` builds
+        # neither; a test tier run next needs helm on this cluster's PATH).
+        _link_tools(lay, existing.bin_dir)
         return existing
     tear_down(lay.root, remove_state=False)
     refuse_a_taken_slot(lay.root, f"{PROCESS_NODE_IP_PREFIX}.1", KUBELET_PORT)
     lay.ensure()
-    bin_dir = toolchain_bin_dir()
+    # Only what this cluster runs (the parts a test adds, it builds: tests/conftest.py).
+    enforce = os.environ.get(enforcer.ENV_START_WITH_CLUSTER) == "1"
+    bin_dir = toolchain_bin_dir(*CONTROL_PLANE_PARTS, *(["kube-router"] if enforce else []))
     nodes = nodes or DEFAULT_NODES
     network.ensure_bridge()
     pki.ensure_pki(lay.pki)
@@ -174,7 +182,7 @@ def ensure_up(root: Path | None = None, nodes: list[str] | None = None) -> Clust
     _link_tools(lay, bin_dir)
     cluster = Cluster.load(lay)
     cluster.wait_nodes_ready(nodes, START_TIMEOUT_S)
-    if os.environ.get(enforcer.ENV_START_WITH_CLUSTER) == "1":
+    if enforce:
         enforcer.start(lay, bin_dir, nodes[0])
     return cluster
 

@@ -50,10 +50,14 @@ class RealNode:
 
 
 def realnode_bin_dir() -> Path:
-    """The pinned binaries including the kubelet and pause (built if missing)."""
+    """The pinned binaries a real node and its cluster run: the control plane, helm,
+    the kubelet, pause, CoreDNS, the registry (built if missing; progress on stderr)."""
     build = Path(__file__).resolve().parents[1] / "toolchain" / "build.sh"
     out = subprocess.run(
-        ["bash", str(build), "--real-nodes"], check=True, capture_output=True, text=True
+        ["bash", str(build), "control-plane", "tools", "real-nodes"],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     return Path(out.stdout.strip().splitlines()[-1])
 
