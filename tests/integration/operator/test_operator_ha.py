@@ -135,6 +135,10 @@ def test_only_the_active_replica_acts_and_the_standby_takes_over(
     assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("op-second", 1)
     cluster.kubectl("scale", "-n", namespace, f"ej/{name}", "--replicas=3")
     wait_for(lambda: len(live_workers(cluster, namespace, name)) == 3, 60, "3 workers")
-    assert second.total("torchflex_pods_created_total") == 1  # only the new worker
+    # The operator counts a pod once the API server's answer reaches it: kubectl may
+    # list the pod a moment before that (seen on a loaded machine).
+    created = "torchflex_pods_created_total"
+    wait_for(lambda: second.total(created) >= 1, 15, "the new worker counted")
+    assert second.total(created) == 1  # only the new worker
     indices = sorted(live_workers(cluster, namespace, name))
     assert indices == [f"{name}-worker-{i}" for i in range(3)]
