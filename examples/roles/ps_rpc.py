@@ -15,10 +15,19 @@ trainers average their loss over ``role_group("trainer")``, a process group of
 the trainers' ranks only. The server only serves; ``rpc.shutdown()`` (graceful)
 returns on every worker once the trainers are done.
 
+With ``--ckpt-dir`` the server owns the checkpoint (``torchflex_agent.checkpoint``:
+its model and the last step every trainer finished): trainer role rank 0 tells it
+each finished step (``step_done``, after the trainers' all_reduce, so both pushes of
+that step are applied) and it saves every ``--ckpt-every`` steps. A Joint group
+re-forms whole, so after any member's loss every process starts again: the server
+loads the checkpoint and the trainers ask it where to go on from (``start_step``).
+
 RPC is not a torchflex API (torch keeps it in maintenance mode); the roles file
 and a transport of one's own are the documented alternative
-(``train_with_readers.py``). Prints ``step=N loss=X avg_loss=Y rank=R`` per
-trainer step and ``ps applied N updates`` at the end.
+(``train_with_readers.py``). Prints ``step=N loss=X world=W rank=R avg_loss=Y``
+per trainer step (``W`` the joint world), ``checkpoint step=N`` and ``resumed from
+step=N`` on the server, and ``ps applied N updates`` at the end (counted across
+resumes: the checkpoint keeps the count).
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ import datetime
 import os
 import sys
 import threading
+import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -35,6 +46,7 @@ from torch import nn
 from torch.distributed import rpc
 
 from torchflex_agent import roles
+from torchflex_agent.checkpoint import Checkpointer
 
 
 def make_model() -> nn.Module:
@@ -45,11 +57,29 @@ def make_model() -> nn.Module:
 class ParameterServer:
     """The ps worker's model; called by trainers over RPC (one thread per call)."""
 
-    def __init__(self, lr: float = 0.01) -> None:
+    def __init__(self, ckpt_dir: str | None, ckpt_every: int, lr: float = 0.01) -> None:
         self.model = make_model()
         self.lr = lr
         self.updates = 0
+        self.done = 0
+        """The last step every trainer finished (and pushed)."""
         self.lock = threading.Lock()
+        self.ckpt = Checkpointer(ckpt_dir) if ckpt_dir else None
+        self.ckpt_every = ckpt_every
+        state = self.ckpt.load() if self.ckpt is not None else None
+        if state is not None:
+            self.model.load_state_dict(state["model"])
+            self.updates, self.done = int(state["updates"]), int(state["step"])
+            print(f"resumed from step={self.done}", flush=True)
+
+    def step_done(self, step: int) -> None:
+        with self.lock:
+            self.done = step
+            if self.ckpt is None or step % self.ckpt_every:
+                return
+            payload = {"model": self.model.state_dict(), "updates": self.updates}
+            if self.ckpt.save(step, payload):
+                print(f"checkpoint step={step}", flush=True)
 
     def params(self) -> list[torch.Tensor]:
         with self.lock:
@@ -76,9 +106,19 @@ def push_grads(grads: list[torch.Tensor]) -> int:
     return SERVER["ps"].apply(grads)
 
 
-def train(steps: int, rank: int, trainers: dist.ProcessGroup) -> None:
+def step_done(step: int) -> None:
+    SERVER["ps"].step_done(step)
+
+
+def start_step() -> int:
+    return SERVER["ps"].done
+
+
+def train(steps: int, step_time: float, rank: int, world: int, trainers: dist.ProcessGroup) -> None:
     model = make_model()
-    for step in range(1, steps + 1):
+    first = rpc.rpc_sync("ps:0", start_step) + 1
+    for step in range(first, steps + 1):
+        started = time.monotonic()
         params: list[torch.Tensor] = rpc.rpc_sync("ps:0", get_params)
         with torch.no_grad():
             for p, value in zip(model.parameters(), params, strict=True):
@@ -91,26 +131,33 @@ def train(steps: int, rank: int, trainers: dist.ProcessGroup) -> None:
         grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
         pushed = rpc.rpc_async("ps:0", push_grads, args=(grads,))
         avg = loss.detach().clone()
+        pushed.wait()
         dist.all_reduce(avg, group=trainers)  # the trainers only, not the ps
         avg /= dist.get_world_size(trainers)
-        pushed.wait()
-        print(f"step={step} loss={loss.item():.4f} avg_loss={avg.item():.4f} rank={rank}",
-              flush=True)  # fmt: skip
+        if dist.get_rank(trainers) == 0:  # every trainer's push of this step is applied
+            rpc.rpc_sync("ps:0", step_done, args=(step,))
+        print(f"step={step} loss={loss.item():.4f} world={world} rank={rank} "
+              f"avg_loss={avg.item():.4f}", flush=True)  # fmt: skip
+        time.sleep(max(0.0, step_time - (time.monotonic() - started)))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=int(os.environ.get("TRAIN_STEPS", "50")))
+    p.add_argument("--step-time", type=float, default=0.0, help="least seconds per step")
+    p.add_argument("--ckpt-dir", type=Path, default=None, help="the server's checkpoint")
+    p.add_argument("--ckpt-every", type=int, default=10)
     args = p.parse_args()
     role, role_rank = os.environ["ROLE_NAME"], int(os.environ["ROLE_RANK"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     trainers = roles.role_group("trainer")  # collective: every rank, before any role diverges
     if role == "ps":
-        SERVER["ps"] = ParameterServer()
+        ckpt = str(args.ckpt_dir) if args.ckpt_dir is not None else None
+        SERVER["ps"] = ParameterServer(ckpt, args.ckpt_every)
     rpc.init_rpc(f"{role}:{role_rank}", rank=rank, world_size=world)  # type: ignore[no-untyped-call]
     if role == "trainer":
-        train(args.steps, rank, trainers)
+        train(args.steps, args.step_time, rank, world, trainers)
     rpc.shutdown()  # graceful: waits for every worker's outstanding calls
     if "ps" in SERVER:
         print(f"ps applied {SERVER['ps'].updates} updates", flush=True)

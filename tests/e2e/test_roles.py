@@ -1,11 +1,13 @@
-"""Multi-role jobs (spec.roles, Independent coupling) on the local control plane.
+"""Multi-role jobs (spec.roles, both couplings) on the local control plane.
 
 Real operator process, real agents and torch workers (CPU, gloo) on the process
 kubelet: two roles each run ``examples/train_elastic.py`` in a rendezvous of their own
 (``<rdzv-id>.<role>``), both through the job's one store pod. The trainer role is the
 completion role: its final round exiting 0 completes the job, and the readers, still
 running, are stopped. A reader's death re-forms the readers only, and ``kubectl scale``
-(the scale role: reader) adds a reader only.
+(the scale role: reader) adds a reader only. A Joint job (``examples/roles/ps_rpc.py``:
+a parameter server and two trainers over RPC) re-forms every role when one member dies,
+resumes from the server's checkpoint, and completes when its final joint round does.
 """
 
 from __future__ import annotations
@@ -165,3 +167,96 @@ def test_a_reader_killed_re_forms_the_readers_only_and_scale_adds_a_reader(
     assert {s.rank for s in trained if s.step == 600} == {0, 1}
     status = get_job(cluster, namespace, "duo")["status"]
     assert status["lastFailure"]["pod"] == "duo-reader-1", status.get("lastFailure")
+
+
+PS_SCRIPT = "examples/roles/ps_rpc.py"
+
+
+def ps_role_entry(name: str, replicas: int, steps: int, ckpt_dir: Path) -> dict[str, Any]:
+    """One role of the parameter-server example (Joint), the server's checkpoint on the
+    job's hostPath; RPC (TensorPipe) on the pod's own interface, no name lookup."""
+    job = TrainingJob("joint", ckpt_dir, min_replicas=replicas, max_replicas=replicas)
+    entry = role_entry(name, job)
+    container = entry["template"]["spec"]["containers"][0]
+    container["command"] = [
+        "python", PS_SCRIPT, "--steps", str(steps), "--step-time", "0.2",
+        "--ckpt-dir", f"{CKPT_MOUNT}/ps", "--ckpt-every", "5",
+    ]  # fmt: skip
+    container["env"] = [{"name": "TP_SOCKET_IFNAME", "value": "eth0"}]
+    return entry
+
+
+def lines_of(follower: LogFollower, kind: str, role: str) -> list[Line]:
+    return [s for s in follower.lines(kind) if s.pod.startswith(f"joint-{role}-")]
+
+
+def test_a_joint_job_re_forms_every_role_resumes_from_the_server_s_checkpoint_and_completes(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    """Joint (the RFC's parameter server over RPC): one group across roles. SIGKILL of
+    the server re-forms every role, the new server resumes from its checkpoint and the
+    trainers go on from the step after it, one failure counted; a trainer's SIGKILL
+    later re-forms every role again; the job completes once every member of the final
+    joint round (server and trainers) exited 0."""
+    steps = 150
+    manifest = roles_manifest(
+        "joint",
+        ps_role_entry("trainer", 2, steps, ckpt_dir),
+        ps_role_entry("ps", 1, steps, ckpt_dir),
+        coupling="Joint",
+    )
+    apply(cluster, namespace, manifest)
+
+    wait_for(
+        lambda: any(c.step >= 10 for c in lines_of(follower, "checkpoint", "ps")),
+        300,
+        "the server's checkpoint of step 10",
+    )
+    trained = lines_of(follower, "step", "trainer")
+    assert trained and {s.world for s in trained} == {3}, sorted({s.world for s in trained})
+    first_round = max(s.round for s in trained)
+    saved = max(c.step for c in lines_of(follower, "checkpoint", "ps"))
+    pids = sigkill_pod_processes(namespace, "joint-ps-0")
+    assert pids and wait_gone(pids), "the server's agent and worker still alive"
+
+    # Every role re-forms: the trainers (whose processes were not touched) train again
+    # in a later round, from the step after the checkpoint the new server loaded.
+    wait_for(
+        lambda: any(s.round > first_round for s in lines_of(follower, "step", "trainer")),
+        240,
+        f"trainers training in a round after {first_round}",
+    )
+    loaded = [r.step for r in lines_of(follower, "resumed", "ps")]
+    assert loaded and all(r >= saved and r % 5 == 0 for r in loaded), (loaded, saved)
+    after = [s for s in lines_of(follower, "step", "trainer") if s.round > first_round]
+    resumed = min(s.step for s in after) - 1
+    assert resumed in loaded, (sorted({s.step for s in after})[:5], loaded)
+    status = get_job(cluster, namespace, "joint")["status"]
+    assert status["lastFailure"]["pod"] == "joint-ps-0", status.get("lastFailure")
+
+    # A trainer's death re-forms every role again; the job still completes.
+    second_round = max(s.round for s in lines_of(follower, "step", "trainer"))
+    wait_for(
+        lambda: any(
+            s.round >= second_round and s.step >= resumed + 10
+            for s in lines_of(follower, "step", "trainer")
+        ),
+        120,
+        "trainers 10 steps past the resume",
+    )
+    pids = sigkill_pod_processes(namespace, "joint-trainer-1")
+    assert pids and wait_gone(pids), "the trainer's agent and worker still alive"
+    wait_phase(cluster, namespace, "joint", "Succeeded", 360)
+
+    status = get_job(cluster, namespace, "joint")["status"]
+    succeeded = next(c for c in status["conditions"] if c["type"] == "Succeeded")
+    assert "all 3 member(s) of rendezvous round" in succeeded["message"], succeeded
+    assert status["failures"] == 2, status
+    assert status["lastFailure"]["pod"] == "joint-trainer-1", status["lastFailure"]
+    assert [r["name"] for r in status["roles"]] == ["trainer", "ps"]
+    last = [s for s in lines_of(follower, "step", "trainer") if s.step == steps]
+    assert len({s.rank for s in last}) == 2 and {s.world for s in last} == {3}, last

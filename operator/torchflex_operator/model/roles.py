@@ -93,10 +93,18 @@ def check_role_refs(
     scale_role: str | None,
     completion_role: str | None,
     queued: bool,
+    joint: bool = False,
 ) -> None:
-    """``spec.scaleRole`` and ``spec.completionRole`` name a role; under a Kueue queue at
-    most one role is elastic (Kueue admits one pod set with a ``minCount``)."""
+    """``spec.scaleRole`` and ``spec.completionRole`` name a role (and ``completionRole``
+    is absent under Joint coupling, where the joint round completes the job); under a
+    Kueue queue at most one role is elastic (Kueue admits one pod set with a
+    ``minCount``)."""
     names = {r.name for r in roles}
+    if joint and completion_role is not None:
+        raise InvalidSpecError(
+            "spec.completionRole is not read with coupling Joint: the joint round (every "
+            "role's members) exiting 0 completes the job"
+        )
     for field, value in (("spec.scaleRole", scale_role), ("spec.completionRole", completion_role)):
         if value is not None and value not in names:
             raise InvalidSpecError(

@@ -126,6 +126,11 @@ class JobSpec:
         return bool(self.roles)
 
     @property
+    def joint(self) -> bool:
+        """A multi-role job whose roles form one group (``coupling: Joint``)."""
+        return bool(self.roles) and self.coupling is Coupling.JOINT
+
+    @property
     def scale_role_name(self) -> str:
         """The role ``spec.replicas`` (``kubectl scale``, HPA) drives."""
         if not self.roles:
@@ -255,6 +260,7 @@ class JobSpec:
                 scale_role=job.scale_role,
                 completion_role=job.completion_role,
                 queued=job.queue_name is not None,
+                joint=job.coupling is Coupling.JOINT,
             )
             if job.warm_spares:
                 raise InvalidSpecError("spec.warmSpares is not supported with spec.roles")

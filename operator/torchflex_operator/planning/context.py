@@ -53,7 +53,8 @@ class Ctx:
     role of a multi-role job (``planning.pipeline`` plans each in turn)."""
     completes: bool = True
     """Whether this group's final round exiting 0 completes the job: false for a role
-    of a multi-role job other than ``spec.completionRole``."""
+    of an Independent multi-role job other than ``spec.completionRole`` (under Joint
+    coupling every role's pass judges the one joint round)."""
 
     @classmethod
     def of(
@@ -217,10 +218,28 @@ class Draft:
 
 def completion_group(ctx: Ctx, d: Draft) -> set[str]:
     """Names of the members whose round, world size and progress are the job's: all of
-    a job of one group; the completion role's of a multi-role job (its roles count
-    rounds and steps of their own)."""
+    a job of one group or of a Joint job (one group across its roles); the completion
+    role's of an Independent multi-role job (its roles count rounds and steps of their
+    own)."""
     role = ctx.job.completion_role_name
-    return {w.name for w in d.members if not ctx.job.multi_role or w.group == role}
+    every = not ctx.job.multi_role or ctx.job.joint
+    return {w.name for w in d.members if every or w.group == role}
+
+
+def group_members(ctx: Ctx, d: Draft) -> tuple[PodView, ...]:
+    """The members of the rendezvous group this pass's role trains in: the role's own
+    (``d.members``), except under Joint coupling, where one group holds every role's
+    members (the other roles' as observed; this role's as the pass left them)."""
+    if not ctx.job.joint:
+        return d.members
+    others = (
+        w
+        for r in ctx.job.roles
+        if r.name != ctx.role
+        for w in ctx.obs.workers(r.name)
+        if not w.standby
+    )
+    return (*d.members, *others)
 
 
 def finish(ctx: Ctx, d: Draft, phase: Phase, reason: Reason, message: str) -> Draft:

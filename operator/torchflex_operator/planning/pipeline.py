@@ -25,7 +25,6 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from torchflex_contract.roles import Coupling
 from torchflex_operator.model.observed import Observed
 from torchflex_operator.model.plan import Plan
 from torchflex_operator.model.settings import Settings
@@ -61,8 +60,7 @@ FINISHED: tuple[Step, ...] = (lifecycle.cleanup, spares.retire)
 """A job that finished in an earlier pass: clean up, then TTL."""
 SUSPENDED: tuple[Step, ...] = (lifecycle.suspend,)
 ROLES_NOT_RUN: tuple[Step, ...] = (lifecycle.roles_not_run,)
-"""A multi-role job under a Kueue queue or with Joint coupling: accepted by the API,
-not run yet (``not_run``)."""
+"""A multi-role job under a Kueue queue: accepted by the API, not run yet (``not_run``)."""
 HELD: tuple[Step, ...] = (lifecycle.hold,)
 """Kueue holds the queued job (waiting for admission, or evicted)."""
 OPENING: tuple[Step, ...] = (
@@ -126,9 +124,8 @@ def fold(ctx: Ctx, d: Draft, steps: Sequence[Step], *, while_live: bool = False)
 
 def not_run(job: JobSpec) -> bool:
     """A multi-role job this operator does not run yet: under a Kueue queue (one pod set
-    per role is not built), or with Joint coupling (one group across the roles: the
-    completion verdict is planned per role, so a Joint round would never complete)."""
-    return job.multi_role and (job.queue_name is not None or job.coupling is Coupling.JOINT)
+    per role is not built)."""
+    return job.multi_role and job.queue_name is not None
 
 
 def _live(ctx: Ctx, d: Draft) -> Draft:
@@ -206,7 +203,7 @@ def _run_roles(ctx: Ctx, d: Draft) -> Draft:
     views = sorted(job.role_views(), key=lambda v: v.role != first)
     outcomes: list[RoleOutcome] = []
     for view in views:
-        rctx = replace(ctx, job=view, role=view.role, completes=view.role == first)
+        rctx = replace(ctx, job=view, role=view.role, completes=job.joint or view.role == first)
         d = _live(rctx, _role_draft(rctx, d))
         if d.finished:
             break

@@ -13,7 +13,9 @@ parameter-server example over ``torch.distributed.rpc`` to the end: every agent
 exits 0, each trainer ran every step once with the same averaged loss, and the
 server applied every push; then again with one trainer agent SIGKILLed and
 replaced mid-run: every role re-forms (Joint, and RPC's world is static) and
-the job still ends with every agent exiting 0.
+the job still ends with every agent exiting 0; and with the server's own
+checkpoint, the ps agent SIGKILLed and replaced: every role re-forms, the new
+server resumes from its checkpoint and the trainers go on from the step after it.
 """
 
 from __future__ import annotations
@@ -103,11 +105,11 @@ def need_rpc() -> None:
         pytest.skip("torch.distributed.rpc.is_available() is False in this torch build")
 
 
-def start_ps_role(job: Job, role: str, steps: int) -> LineLog:
+def start_ps_role(job: Job, role: str, steps: int, *script: str) -> LineLog:
     extra = ["--prewarm", "off", "--role", role, "--role-sizes", PS_SIZES,
              "--coupling", "Joint", "--rdzv-join-timeout", "180"]  # fmt: skip
     nodes = "1:1" if role == "ps" else "2:2"
-    return job.start_agent([PYTHON, PS_EXAMPLE, "--steps", str(steps)], nodes, extra)
+    return job.start_agent([PYTHON, PS_EXAMPLE, "--steps", str(steps), *script], nodes, extra)
 
 
 # TensorPipe (RPC's transport) on loopback only, like everything here.
@@ -126,7 +128,7 @@ def test_ps_rpc_example_runs_to_the_end_with_joint_coupling(tmp_path: Path) -> N
         assert set(codes.values()) == {0}, {n: log.text()[-3000:] for n, log in logs.items()}
         avg: dict[int, list[str]] = {}
         for name in ("trainer1", "trainer2"):
-            got = logs[name].matching(r"^\[rank (\d+)\] step=(\d+) .*avg_loss=(\S+) rank=")
+            got = logs[name].matching(r"^\[rank (\d+)\] step=(\d+) .* world=3 .*avg_loss=(\S+)")
             (rank,) = {int(m.group(1)) for _, m in got}
             assert [int(m.group(2)) for _, m in got] == list(range(1, PS_STEPS + 1))
             avg[rank] = [m.group(3) for _, m in got]
@@ -154,3 +156,40 @@ def test_ps_rpc_example_ends_after_a_trainer_is_killed_and_replaced(tmp_path: Pa
         assert ps.matching(rf"ps applied {2 * steps} updates")
         last = [m.group(0) for _, m in kept.matching(rf"step={steps} ")]
         assert len(last) == 1
+
+
+@pytest.mark.timeout(600)
+def test_ps_rpc_example_resumes_from_the_server_s_checkpoint_after_the_ps_is_killed(
+    tmp_path: Path,
+) -> None:
+    """Joint: the parameter server's agent SIGKILLed after a checkpoint; a new ps agent
+    joins, every role re-forms, the server loads its checkpoint and the trainers go on
+    from the step after it, so the job ends with every push applied exactly once
+    across the resume (the count is in the checkpoint)."""
+    need_rpc()
+    steps, every = 60, 5
+    ckpt = ["--ckpt-dir", str(tmp_path / "ckpt"), "--ckpt-every", str(every),
+            "--step-time", "0.1"]  # fmt: skip
+    with Job(tmp_path, agent_env=RPC_ENV) as job:
+        job.start_store()
+        ps, *trainers = (start_ps_role(job, r, steps, *ckpt) for r in ("ps", "trainer", "trainer"))
+        ps.wait_for(lambda s: "checkpoint step=10" in s, 300)
+        ps.proc.send_signal(signal.SIGKILL)
+        ps.proc.wait(10)
+        saved = max(int(m.group(1)) for _, m in ps.matching(r"checkpoint step=(\d+)"))
+        new = start_ps_role(job, "ps", steps, *ckpt)
+        codes = [log.proc.wait(400) for log in (new, *trainers)]
+        assert codes == [0, 0, 0], [log.text()[-3000:] for log in (new, *trainers)]
+        (resumed,) = [int(m.group(1)) for _, m in new.matching(r"resumed from step=(\d+)")]
+        # The checkpoint it loaded is the last one saved, or one saved after it
+        # (between the last line read and the kill).
+        assert resumed >= saved and resumed % every == 0, (resumed, saved)
+        for log in trainers:
+            got = [
+                (t, int(m.group(1)))
+                for t, m in log.matching(r"^\[rank \d+\] step=(\d+) .* world=3 ")
+            ]
+            restart = max(t for t, _ in log.matching(r"round [1-9]\d*: node rank"))
+            after = [s for t, s in got if t >= restart]
+            assert after == list(range(resumed + 1, steps + 1)), after[:5]
+        assert new.matching(rf"ps applied {2 * steps} updates"), new.text()[-3000:]

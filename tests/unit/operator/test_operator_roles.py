@@ -115,7 +115,7 @@ def test_single_role_jobs_keep_pod_names_spec_hash_and_every_manifest() -> None:
 
 
 def test_a_two_role_job_parses_into_roles_and_role_views() -> None:
-    job = roles_job(coupling="Joint", scaleRole="reader", replicas=3, completionRole="trainer")
+    job = roles_job(coupling="Joint", scaleRole="reader", replicas=3)
     assert job.multi_role and job.coupling is Coupling.JOINT
     assert [r.name for r in job.roles] == ["trainer", "reader"]
     assert [r.failure_scope for r in job.roles] == [FailureScope.ROLE, FailureScope.ROLE]
@@ -172,6 +172,10 @@ def plus(obj: dict[str, Any], **spec: Any) -> dict[str, Any]:
         (roles_obj(role("trainer", 1, 2, replicas=5)), "spec.roles[0].replicas"),
         (roles_obj(scaleRole="ps"), "spec.scaleRole 'ps' names no role"),
         (roles_obj(completionRole="ps"), "spec.completionRole 'ps' names no role"),
+        (
+            roles_obj(coupling="Joint", completionRole="trainer"),
+            "spec.completionRole is not read with coupling Joint",
+        ),
         (roles_obj(warmSpares=1), "spec.warmSpares is not supported with spec.roles"),
         (roles_obj(role("trainer", 1, 1, failureScope="Node")), "invalid ElasticJob spec"),
         (roles_obj(coupling="Loose"), "invalid ElasticJob spec"),
@@ -226,13 +230,8 @@ def test_a_multi_role_job_creates_every_role_pod_and_one_store() -> None:
     assert [e.reason for e in without_store.events].count(EventReason.STORE_CREATED) == 1
 
 
-@pytest.mark.parametrize(
-    "obj", [queued(roles_obj()), roles_obj(coupling="Joint")], ids=["queued", "joint"]
-)
-def test_a_queued_or_joint_multi_role_job_is_not_run_and_says_so_once_per_generation(
-    obj: dict[str, Any],
-) -> None:
-    job = JobSpec.parse(obj)
+def test_a_queued_multi_role_job_is_not_run_and_says_so_once_per_generation() -> None:
+    job = JobSpec.parse(queued(roles_obj()))
     first = plan(job, parsed({}), observed(), NOW)
     assert not first.create_pods and not first.create_services
     status = decided(first)
@@ -514,3 +513,93 @@ def test_any_role_failing_fails_the_job_and_stops_every_role() -> None:
     assert status.last_failure is not None and status.last_failure.pod == "demo-reader-0"
     assert not result.create_pods
     assert {"demo-trainer-0", "demo-trainer-1"} <= {d.name for d in result.delete_pods}
+
+
+# -- Joint coupling: one rendezvous group across the roles --------------------------
+
+
+def joint_report(round_: int, node_rank: int, *, nodes: int = 3, **kw: Any) -> AgentReport:
+    """An agent's report of joint round ``round_`` (``nodes`` agents of every role)."""
+    return AgentReport(
+        AgentState.RUNNING, round=round_, world_size=nodes, node_rank=node_rank, nodes=nodes, **kw
+    )
+
+
+def joint_job() -> tuple[JobSpec, JobSpec, JobSpec]:
+    """trainer 2:2 and ps 1:1, Joint: three agents in one round."""
+    job = roles_job(role("trainer", 2, 2), role("ps", 1, 1), coupling="Joint")
+    trainer, ps = job.role_views()
+    return job, trainer, ps
+
+
+def test_a_joint_multi_role_job_is_run_with_every_role_pod() -> None:
+    job, _, _ = joint_job()
+    result = plan(job, parsed({}), Observed(pods=()), NOW)
+    names = sorted(m["metadata"]["name"] for m in result.create_pods)
+    assert names == ["demo-ps-0", "demo-store", "demo-trainer-0", "demo-trainer-1"]
+    assert EventReason.ROLES_NOT_RUN not in [e.reason for e in result.events]
+
+
+def test_a_joint_round_completes_only_when_every_role_s_members_exited_0() -> None:
+    # The trainers (node ranks 0, 1) finish first; the ps (node rank 2) of the same joint
+    # round still runs: the job is completing, waiting for the ps, whichever role's pass
+    # judges it. An Independent job's completion role would have succeeded here.
+    job, trainer, ps = joint_job()
+    pods = [done(role_pod(trainer, 0)), done(role_pod(trainer, 1)), role_pod(ps, 0)]
+    reports = {
+        "demo-trainer-0": joint_report(3, 0),
+        "demo-trainer-1": joint_report(3, 1),
+        "demo-ps-0": joint_report(3, 2),
+    }
+    result = plan(job, parsed({"phase": "Running"}), observed(*pods, reports=reports), NOW)
+    status = decided(result)
+    assert status.phase is not None and not status.phase.finished
+    assert status.completing_since == NOW.replace(microsecond=0)
+    assert [e.reason for e in result.events].count(EventReason.COMPLETING) == 1
+    message = next(e.message for e in result.events if e.reason == EventReason.COMPLETING)
+    assert "2 of 3 member(s) of rendezvous round 3 exited 0" in message
+    assert "node rank(s) 2" in message and "demo-ps-0" in message
+    assert not result.create_pods and "demo-ps-0" not in {d.name for d in result.delete_pods}
+    size = next(c for c in status.conditions or () if c.is_type(ConditionType.AT_DESIRED_SIZE))
+    assert (size.status, size.reason) == ("False", Reason.COMPLETING)
+    # The ps exits 0 too: every member of the joint round did, so the job succeeded.
+    pods[2] = done(pods[2])
+    final = decided(plan(job, status, observed(*pods, reports=reports), NOW))
+    assert final.phase is Phase.SUCCEEDED
+    succeeded = next(c for c in final.conditions or () if c.is_type(ConditionType.SUCCEEDED))
+    assert succeeded.message == "all 3 member(s) of rendezvous round 3 exited 0"
+
+
+def test_a_joint_round_member_of_another_role_failing_fails_the_completing_job() -> None:
+    job, trainer, ps = joint_job()
+    pods = [done(role_pod(trainer, 0)), done(role_pod(trainer, 1)), done(role_pod(ps, 0), 1)]
+    reports = {
+        "demo-trainer-0": joint_report(3, 0),
+        "demo-trainer-1": joint_report(3, 1),
+    }
+    status = decided(plan(job, parsed({"phase": "Running"}), observed(*pods, reports=reports), NOW))
+    assert status.phase is Phase.FAILED
+    failed = next(c for c in status.conditions or () if c.is_type(ConditionType.FAILED))
+    assert "node rank(s) 2 ended without exiting 0" in failed.message
+
+
+def test_a_joint_job_s_round_world_progress_and_rank0_come_from_every_role() -> None:
+    job, trainer, ps = joint_job()
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), role_pod(ps, 0)]
+    reports = {
+        # The ps was first at the rendezvous: it holds node rank 0 and global rank 0.
+        "demo-ps-0": joint_report(2, 0, holds_rank0=True),
+        "demo-trainer-0": joint_report(2, 1, progress=Progress(step=12)),
+        "demo-trainer-1": joint_report(2, 2, progress=Progress(step=11)),
+    }
+    status = decided(plan(job, parsed({}), observed(*pods, reports=reports), NOW))
+    assert (status.rendezvous_round, status.world_size) == (2, 3)
+    assert status.rank0_pod == "demo-ps-0"
+    assert status.progress is not None and status.progress.step == 12
+    training = next(c for c in status.conditions or () if c.is_type(ConditionType.TRAINING))
+    assert training.status == "True" and "world size 3" in training.message
+    # One of the joint round's agents re-forms: every role's Training says so.
+    reports["demo-ps-0"] = dataclasses.replace(reports["demo-ps-0"], state=AgentState.RENDEZVOUS)
+    again = decided(plan(job, status, observed(*pods, reports=reports), NOW))
+    training = next(c for c in again.conditions or () if c.is_type(ConditionType.TRAINING))
+    assert training.status == "False" and training.reason == Reason.RENDEZVOUSING

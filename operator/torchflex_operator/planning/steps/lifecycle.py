@@ -165,13 +165,13 @@ def idle(ctx: Ctx, d: Draft) -> Draft:
 
 
 ROLES_NOT_RUN_MESSAGE = (
-    "multi-role jobs (spec.roles) under a Kueue queue or with coupling Joint are accepted "
-    "by the API but not yet run by this operator: no pods are created (docs/api.md, Roles)"
+    "multi-role jobs (spec.roles) under a Kueue queue are accepted by the API but not yet "
+    "run by this operator: no pods are created (docs/api.md, Roles)"
 )
 
 
 def roles_not_run(ctx: Ctx, d: Draft) -> Draft:
-    """A multi-role job not run yet (``pipeline.not_run``: queued, or Joint): said,
+    """A multi-role job not run yet (``pipeline.not_run``: queued): said,
     once per generation, in ``Training`` and a Warning; nothing is created, and a pod of
     the job (an older operator's) is deleted, so that no part of it runs half-planned."""
     for pod in ctx.obs.pods:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from torchflex_operator.model.vocabulary import Phase, Reason
-from torchflex_operator.planning.context import Ctx, Draft, finish
+from torchflex_operator.planning.context import Ctx, Draft, finish, group_members
 from torchflex_operator.planning.rules import completion, hung
 
 
@@ -23,7 +23,8 @@ def judge(ctx: Ctx, d: Draft) -> Draft:
     job = ctx.job
     deadline = job.active_deadline_s
     started = ctx.since(d.status.start_time) or 0.0
-    verdict = completion.judge(d.members, ctx.obs.reports)
+    # Under Joint coupling the final round holds every role's members: judged whole.
+    verdict = completion.judge(group_members(ctx, d), ctx.obs.reports)
     d = replace(d, verdict=verdict)
     outcome = None if verdict is None else verdict.outcome
     failures = d.status.failures or 0

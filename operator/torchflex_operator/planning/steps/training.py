@@ -21,13 +21,13 @@ from dataclasses import replace
 from torchflex_contract.progress import AgentReport
 from torchflex_operator.model.status import TrainingProgress
 from torchflex_operator.model.vocabulary import ConditionType
-from torchflex_operator.planning.context import Ctx, Draft, completion_group
+from torchflex_operator.planning.context import Ctx, Draft, completion_group, group_members
 from torchflex_operator.planning.rules.activity import group_state
 
 
 def training(ctx: Ctx, d: Draft) -> Draft:
     """``Training`` of a job that is neither finished nor suspended."""
-    state = group_state(d.members, ctx.obs.reports)
+    state = group_state(group_members(ctx, d), ctx.obs.reports)
     return d.set_condition(
         ctx,
         ConditionType.TRAINING,
