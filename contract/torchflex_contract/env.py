@@ -76,6 +76,10 @@ COUPLING: Final = "TORCHFLEX_COUPLING"
 ROLE_SIZES: Final = "TORCHFLEX_ROLE_SIZES"
 """Every role of the job in spec order, ``name=MIN:MAX`` joined by ``,``
 (``roles.format_role_sizes``); unset on a job without ``spec.roles``."""
+JOB_SCOPED_ROLES: Final = "TORCHFLEX_JOB_SCOPED_ROLES"
+"""The roles of an Independent job with ``failureScope: Job``, joined by ``,``: when one
+of their rounds ends for anything but growth, every other role re-forms too
+(``RestartReason.ROLE_FAILED``). Unset or empty: none."""
 PREWARM: Final = "TORCHFLEX_PREWARM"
 """``auto`` (default): fork Python workers from a warm fork server; ``off``: plain spawn."""
 

@@ -76,6 +76,9 @@ class RestartReason(enum.StrEnum):
     HANG = "Hang"
     """No training progress anywhere in the job for the hang timeout: every member
     recorded its workers' stacks and restarted them (a counted failure)."""
+    ROLE_FAILED = "RoleFailed"
+    """A role with ``failureScope: Job`` (``env.JOB_SCOPED_ROLES``) re-formed after a
+    failure or a loss: this role re-forms with it (not counted against its budget)."""
 
 
 def _bounded(text: object, limit: int) -> str:

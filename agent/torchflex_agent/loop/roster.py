@@ -13,6 +13,10 @@ format and its atomic write are ``workers.roster``'s, and workers read it with
   keys by a thread every ``REFRESH_S`` (``RoundRecords.peek_round``: one read
   per role while its round stays the same) over a store connection of its own,
   so a trainer sees readers come and go without any round of its own changing.
+- failure scope Job (``--job-scoped-roles``): the same reads tell when a Job-scoped
+  role's round ended for anything but growth (``loop.logic.scope``); the thread then
+  marks this agent's own round stale with ``RestartReason.ROLE_FAILED``, and every
+  member of this role re-forms (the first mark wins: one per round).
 
 Best effort: a store that does not answer leaves the file as it was (the loop
 has its own reaction to a lost store); the thread retries on the next tick.
@@ -27,9 +31,11 @@ import time
 from pathlib import Path
 
 from torchflex_agent.errors import RendezvousError
+from torchflex_agent.loop.logic import scope
 from torchflex_agent.loop.logic.config import AgentConfig, role_key_id
 from torchflex_agent.rendezvous.logic import RendezvousResult, RoundPeek
 from torchflex_agent.rendezvous.protocol import Rendezvous
+from torchflex_agent.rendezvous.records import RoundRecords
 from torchflex_agent.workers.roster import (
     RoleState,
     RoleView,
@@ -38,6 +44,7 @@ from torchflex_agent.workers.roster import (
     unknown_role,
     write_roles_file,
 )
+from torchflex_contract.progress import RestartReason
 from torchflex_contract.roles import Coupling
 
 log = logging.getLogger(__name__)
@@ -77,6 +84,9 @@ class Roster:
         self._views = {name: unknown_role(name) for name in self._names}
         self._written: tuple[RoleView, ...] | None = None
         self._rdzv: Rendezvous | None = None
+        self._round = -1
+        self._scoped = [n for n in config.job_scoped_roles if n != config.role]
+        self._watches: dict[str, scope.ScopeWatch] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -92,6 +102,7 @@ class Roster:
             for name in own:
                 self._views[name] = role_view(name, result.round, RoleState.RUNNING, result.nodes)
             self._rdzv = rdzv
+            self._round = result.round
         self._write()
         if self._watch and self._thread is None:
             self._thread = threading.Thread(target=self._run, daemon=True, name="roster")
@@ -145,4 +156,26 @@ class Roster:
             guesses[name] = next_guess(peek)
             with self._lock:
                 self._views[name] = peek_view(name, peek)
+            if name in self._scoped:
+                self._judge(conn, name, records, peek)
         self._write()
+
+    def _judge(self, conn: Rendezvous, name: str, records: RoundRecords, peek: RoundPeek) -> None:
+        """Failure scope Job: end our own round if role ``name``'s ended for a failure."""
+        formed = peek.nodes is not None
+        watch = self._watches.get(name)
+        if watch is None:
+            self._watches[name] = scope.first_sight(peek.round, formed, peek.stale)
+            return
+        wanted = scope.to_read(watch, peek.round, formed, peek.stale)
+        marks = {k: records.stale_mark(k) for k in wanted}
+        self._watches[name], ended = scope.judge(watch, peek.round, formed, peek.stale, marks)
+        with self._lock:
+            own = self._round
+        if ended is None or own < 0:
+            return
+        detail = ended.describe(name)
+        mine = conn.for_run(self._config.rdzv_key_id)
+        got = mine.mark_stale(own, RestartReason.ROLE_FAILED, detail)
+        log.warning("round %d: %s; re-forming role %s (%s)", own, detail, self._config.role,
+                    got.reason.value)  # fmt: skip

@@ -20,7 +20,7 @@ from torchflex_contract import env, labels
 from torchflex_contract.rendezvous_backends import DEFAULT_BACKEND, SPEC_BACKENDS, RendezvousBackend
 from torchflex_contract.roles import Coupling, RoleSize
 from torchflex_operator.model.errors import InvalidSpecError
-from torchflex_operator.model.roles import RoleSpec, check_role_refs, parse_roles
+from torchflex_operator.model.roles import FailureScope, RoleSpec, check_role_refs, parse_roles
 from torchflex_operator.model.vocabulary import KueueLabel
 
 DEFAULT_BACKOFF_LIMIT = 6
@@ -129,6 +129,14 @@ class JobSpec:
     def joint(self) -> bool:
         """A multi-role job whose roles form one group (``coupling: Joint``)."""
         return bool(self.roles) and self.coupling is Coupling.JOINT
+
+    @property
+    def job_scoped_roles(self) -> tuple[str, ...]:
+        """Roles of an Independent job with ``failureScope: Job`` (a Joint job re-forms
+        every role on any failure already: none)."""
+        if self.joint:
+            return ()
+        return tuple(r.name for r in self.roles if r.failure_scope is FailureScope.JOB)
 
     @property
     def scale_role_name(self) -> str:

@@ -66,6 +66,8 @@ def template_hash(job: JobSpec) -> str:
         baked["role"] = job.role
         baked["coupling"] = job.coupling.value
         baked["roleSizes"] = format_role_sizes(job.role_sizes)
+        if job.job_scoped_roles:  # only when set: jobs from before keep their hash
+            baked["jobScopedRoles"] = ",".join(job.job_scoped_roles)
     raw = json.dumps(baked, sort_keys=True, default=str).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -119,6 +121,8 @@ def contract_env(job: JobSpec, index: int, container: Manifest) -> list[Manifest
         out.append(lit(env.ROLE, job.role))
         out.append(lit(env.COUPLING, job.coupling.value))
         out.append(lit(env.ROLE_SIZES, format_role_sizes(job.role_sizes)))
+        if job.job_scoped_roles:
+            out.append(lit(env.JOB_SCOPED_ROLES, ",".join(job.job_scoped_roles)))
     if job.hang_timeout_s is not None:  # unset: the agent derives it (and the spec hash stays)
         out.append(lit(env.HANG_TIMEOUT, job.hang_timeout_s))
     if job.node_check:

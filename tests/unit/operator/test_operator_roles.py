@@ -603,3 +603,22 @@ def test_a_joint_job_s_round_world_progress_and_rank0_come_from_every_role() -> 
     again = decided(plan(job, status, observed(*pods, reports=reports), NOW))
     training = next(c for c in again.conditions or () if c.is_type(ConditionType.TRAINING))
     assert training.status == "False" and training.reason == Reason.RENDEZVOUSING
+
+
+def test_job_scoped_roles_reach_every_role_s_agents_and_roll_the_pods() -> None:
+    scoped = roles_job(role("trainer", 2, 2), role("ps", 1, 1, failureScope="Job"))
+    plain = roles_job(role("trainer", 2, 2), role("ps", 1, 1))
+    joint = roles_job(role("trainer", 2, 2), role("ps", 1, 1, failureScope="Job"), coupling="Joint")
+    var = "TORCHFLEX_JOB_SCOPED_ROLES"
+
+    def envs(job: JobSpec) -> list[str | None]:
+        return [env_of(builders.worker_pod(v, 0, GANG)).get(var) for v in job.role_views()]
+
+    # Every role's agents watch the Job-scoped roles (a ps agent watches none but its own).
+    assert envs(scoped) == ["ps", "ps"]
+    # Role scope everywhere, or Joint (one group: any failure re-forms all): no variable,
+    # so the pods of jobs from before keep their spec hash.
+    assert envs(plain) == [None, None] and envs(joint) == [None, None]
+    assert builders.template_hash(scoped.role_views()[0]) != builders.template_hash(
+        plain.role_views()[0]
+    )

@@ -77,6 +77,8 @@ class AgentConfig:
     """How the job's roles rendezvous (``--coupling``); only read when ``role_sizes`` is set."""
     role_sizes: tuple[RoleSize, ...] = ()
     """Every role of the job in spec order (``--role-sizes``); empty: one role."""
+    job_scoped_roles: tuple[str, ...] = ()
+    """Roles whose failure re-forms every role (``--job-scoped-roles``; Independent)."""
 
     @property
     def rdzv_key_id(self) -> str:
@@ -261,6 +263,14 @@ _FLAGS: tuple[_Flag, ...] = (
         "every role of the job in order, NAME=MIN:MAX joined by ',' (trainer=2:2,reader=1:4)",
     ),
     _Flag(
+        ("--job-scoped-roles",),
+        "job_scoped_roles",
+        tfenv.JOB_SCOPED_ROLES,
+        "",
+        "roles of --role-sizes (Independent) whose failure or loss re-forms every other "
+        "role too (failureScope: Job), joined by ','",
+    ),
+    _Flag(
         ("--rdzv-last-call",),
         "last_call",
         tfenv.RDZV_LAST_CALL,
@@ -422,6 +432,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
     if not command:
         raise ConfigError("missing training command (torchflex-agent [options] -- cmd ...)")
     role, coupling, sizes = parse_roles(ns.role, ns.coupling, ns.role_sizes)
+    job_scoped = parse_job_scoped_roles(ns.job_scoped_roles, coupling, sizes)
     lo, hi = role_nnodes(ns.nnodes, role, sizes)
     backend = rdzv_endpoints.backend_name(ns.rdzv_backend)
     run_id = ns.rdzv_id
@@ -475,6 +486,7 @@ def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Age
         role=role,
         coupling=coupling,
         role_sizes=sizes,
+        job_scoped_roles=job_scoped,
     )
 
 
@@ -501,6 +513,29 @@ def parse_roles(role: str, coupling: str, sizes: str) -> tuple[str, Coupling, tu
     if got is Coupling.JOINT and not parsed:
         raise ConfigError("--coupling: Joint needs --role and --role-sizes (every role's range)")
     return role, got, parsed
+
+
+def parse_job_scoped_roles(
+    text: str, coupling: Coupling, sizes: tuple[RoleSize, ...]
+) -> tuple[str, ...]:
+    """``--job-scoped-roles``: names of ``--role-sizes``, Independent coupling only (a
+    Joint group re-forms every role on any failure already)."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        return ()
+    if coupling is Coupling.JOINT:
+        raise ConfigError(
+            "--job-scoped-roles: not read with --coupling Joint (one group: any failure "
+            "re-forms every role already); drop the flag"
+        )
+    known = [s.name for s in sizes]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(
+            f"--job-scoped-roles: {', '.join(unknown)} not among the roles of --role-sizes "
+            f"({', '.join(known) or 'none given'})"
+        )
+    return names
 
 
 def role_nnodes(text: str, role: str, sizes: tuple[RoleSize, ...]) -> tuple[int, int]:
