@@ -11,6 +11,7 @@ ReadWriteMany volume). The operator wraps the command in ``torchflex-agent``;
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,36 @@ class TrainingJob:
             "metadata": {"name": self.name},
             "spec": spec,
         }
+
+
+def role_entry(name: str, job: TrainingJob) -> dict[str, Any]:
+    """One ``spec.roles`` entry running ``job``'s command, with a checkpoint of its own."""
+    spec = job.manifest()["spec"]
+    template = copy.deepcopy(spec["template"])
+    container = template["spec"]["containers"][0]
+    container["command"] = [
+        f"{CKPT_MOUNT}/{name}" if arg == CKPT_MOUNT else arg for arg in container["command"]
+    ]
+    entry = {
+        "name": name,
+        "minReplicas": job.min_replicas,
+        "maxReplicas": job.max_replicas,
+        "nprocPerNode": 1,
+        "template": template,
+    }
+    if job.replicas is not None:
+        entry["replicas"] = job.replicas
+    return entry
+
+
+def roles_manifest(name: str, *roles: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A multi-role ElasticJob: ``roles`` (``role_entry``) instead of the one-group
+    fields, plus ``spec`` (coupling, scaleRole, ...)."""
+    base = TrainingJob(name, Path("/unused")).manifest()
+    for key in ("minReplicas", "maxReplicas", "template", "nprocPerNode"):
+        base["spec"].pop(key)
+    base["spec"] |= {"roles": list(roles), **spec}
+    return base
 
 
 def apply_crd(cluster: Cluster) -> None:

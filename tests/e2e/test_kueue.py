@@ -8,7 +8,9 @@ and it trains at world size 3. A second job of a higher WorkloadPriorityClass
 needs 2: Kueue preempts the first, whose pods stop gracefully (SIGTERM, the
 checkpoint stays) before its quota is given back; the second trains and ends,
 its quota comes free, the first is admitted again and resumes from its
-checkpoint to the end.
+checkpoint to the end. A multi-role job (a fixed trainer role, an elastic reader
+role) asks one pod set per role: Kueue admits the trainer whole and the readers
+partially, and each role runs at its own admitted count.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ import yaml
 
 from e2e.cluster import Cluster, kueue
 from e2e.trainlog import LogFollower
-from e2e.workload import TrainingJob, apply, get_job, job_events, worker_pods
+from e2e.workload import (
+    TrainingJob,
+    apply,
+    get_job,
+    job_events,
+    role_entry,
+    roles_manifest,
+    worker_pods,
+)
 from tests.e2e.checks import checkpoint_step, wait_phase
 from tests.support import wait_for
 
@@ -184,3 +194,56 @@ def test_partial_admission_preemption_and_readmission(
     assert "EvictedByKueue" in reasons, reasons
     assert reasons.count("Admitted") >= 1, reasons
     assert checkpoint_step(ckpt_dir / "low") == STEPS
+
+
+@pytest.mark.usefixtures("queues", "operator_proc")
+def test_a_multi_role_job_gets_one_pod_set_per_role_and_runs_each_at_its_count(
+    cluster: Cluster, namespace: str, follower: LogFollower, ckpt_dir: Path
+) -> None:
+    # Quota for 3 pods: the trainer (1:1) whole, the readers (1:4) at 2.
+    trainer = TrainingJob("kq-roles", ckpt_dir, min_replicas=1, max_replicas=1, steps=80)
+    reader = TrainingJob("kq-roles", ckpt_dir, min_replicas=1, max_replicas=4, steps=100000)
+    roles = [role_entry("trainer", trainer), role_entry("reader", reader)]
+    for entry in roles:
+        (container,) = entry["template"]["spec"]["containers"]
+        container["resources"] = {"requests": {"cpu": f"{POD_CPU_M}m"}}
+    manifest = roles_manifest("kq-roles", *roles)
+    manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": QUEUE}
+    apply(cluster, namespace, manifest)
+
+    def assigned() -> dict[str, int]:
+        wl = _workload(cluster, namespace, "kq-roles")
+        if _condition(wl, "Admitted").get("status") != "True":
+            return {}
+        sets = wl["status"]["admission"]["podSetAssignments"]  # type: ignore[index]
+        return {a["name"]: int(a["count"]) for a in sets}
+
+    wait_for(lambda: assigned() == {"trainer": 1, "reader": 2}, 120, "trainer 1, reader 2")
+    wl = _workload(cluster, namespace, "kq-roles")
+    assert wl is not None
+    asked = [(p["name"], p["count"], p.get("minCount")) for p in wl["spec"]["podSets"]]
+    assert asked == [("trainer", 1, None), ("reader", 4, 1)], asked
+    wait_for(
+        lambda: any(
+            ln.pod.startswith("kq-roles-reader-") and ln.world == 2 for ln in follower.lines("step")
+        ),
+        240,
+        "two readers training",
+    )
+    names = sorted(p["metadata"]["name"] for p in worker_pods(cluster, namespace, "kq-roles"))
+    assert names == ["kq-roles-reader-0", "kq-roles-reader-1", "kq-roles-trainer-0"], names
+    status = get_job(cluster, namespace, "kq-roles")["status"]
+    assert [(r["name"], r["desired"]) for r in status["roles"]] == [("trainer", 1), ("reader", 2)]
+    admitted = [e["message"] for e in job_events(cluster, namespace, "kq-roles")
+                if e["reason"] == "Admitted"]  # fmt: skip
+    assert admitted and admitted[0].endswith("(trainer 1, reader 2)"), admitted
+    # The trainer completes the job; its Workload is Finished, the quota comes free.
+    wait_phase(cluster, namespace, "kq-roles", "Succeeded", 300)
+    wait_for(
+        lambda: (
+            _condition(_workload(cluster, namespace, "kq-roles"), "Finished").get("status")
+            == "True"
+        ),
+        60,
+        "the workload finished",
+    )

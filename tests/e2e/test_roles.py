@@ -12,48 +12,28 @@ resumes from the server's checkpoint, and completes when its final joint round d
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e.cluster import Cluster
+from e2e.kubelet import faults
 from e2e.operator_proc import OperatorProcess, sigkill_pod_processes, wait_gone
 from e2e.trainlog import Line, LogFollower
-from e2e.workload import CKPT_MOUNT, TrainingJob, apply, get_job, worker_pods
-from tests.e2e.checks import wait_phase
+from e2e.workload import (
+    CKPT_MOUNT,
+    TrainingJob,
+    apply,
+    get_job,
+    role_entry,
+    roles_manifest,
+    worker_pods,
+)
+from tests.e2e.checks import uid_of, wait_phase, wait_replaced
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def role_entry(name: str, job: TrainingJob) -> dict[str, Any]:
-    """One ``spec.roles`` entry running ``job``'s command, with a checkpoint of its own."""
-    spec = job.manifest()["spec"]
-    template = copy.deepcopy(spec["template"])
-    container = template["spec"]["containers"][0]
-    container["command"] = [
-        f"{CKPT_MOUNT}/{name}" if arg == CKPT_MOUNT else arg for arg in container["command"]
-    ]
-    entry = {
-        "name": name,
-        "minReplicas": job.min_replicas,
-        "maxReplicas": job.max_replicas,
-        "nprocPerNode": 1,
-        "template": template,
-    }
-    if job.replicas is not None:
-        entry["replicas"] = job.replicas
-    return entry
-
-
-def roles_manifest(name: str, *roles: dict[str, Any], **spec: Any) -> dict[str, Any]:
-    base = TrainingJob(name, Path("/unused")).manifest()
-    for key in ("minReplicas", "maxReplicas", "template", "nprocPerNode"):
-        base["spec"].pop(key)
-    base["spec"] |= {"roles": list(roles), **spec}
-    return base
 
 
 def role_pods(cluster: Cluster, namespace: str, name: str, role: str) -> list[dict[str, Any]]:
@@ -167,6 +147,55 @@ def test_a_reader_killed_re_forms_the_readers_only_and_scale_adds_a_reader(
     assert {s.rank for s in trained if s.step == 600} == {0, 1}
     status = get_job(cluster, namespace, "duo")["status"]
     assert status["lastFailure"]["pod"] == "duo-reader-1", status.get("lastFailure")
+
+
+def test_a_frozen_reader_is_fenced_and_replaced_while_the_trainers_train_on(
+    cluster: Cluster,
+    namespace: str,
+    operator_proc: OperatorProcess,
+    follower: LogFollower,
+    ckpt_dir: Path,
+) -> None:
+    """SIGSTOP of a reader pod's whole process tree (a frozen node): the readers declare
+    it lost and re-form without it, the operator fences and replaces the pod, and the
+    trainers' round, processes and step sequence never move."""
+    trainer = TrainingJob("duo", ckpt_dir, min_replicas=2, max_replicas=2, steps=600)
+    reader = TrainingJob("duo", ckpt_dir, min_replicas=1, max_replicas=3, replicas=2,
+                         steps=100000)  # fmt: skip
+    manifest = roles_manifest("duo", role_entry("trainer", trainer), role_entry("reader", reader))
+    apply(cluster, namespace, manifest)
+    wait_for(
+        lambda: (
+            any(s.world == 2 for s in role_steps(follower, "trainer"))
+            and any(s.world == 2 for s in role_steps(follower, "reader"))
+        ),
+        240,
+        "trainers and readers training, two of each",
+    )
+    trainer_round = max(s.round for s in role_steps(follower, "trainer"))
+    reader_round = max(s.round for s in role_steps(follower, "reader"))
+    old_uid = uid_of(cluster, namespace, "duo-reader-1")
+    frozen = faults.freeze_pod(cluster.layout.pods, namespace, "duo-reader-1")
+    try:
+        wait_for(
+            lambda: any(
+                s.round > reader_round and s.pod == "duo-reader-0"
+                for s in role_steps(follower, "reader")
+            ),
+            120,
+            f"the surviving reader training in a round after {reader_round}",
+        )
+        wait_replaced(cluster, namespace, "duo", "duo-reader-1", old_uid=old_uid, timeout_s=120)
+    finally:
+        faults.thaw(frozen)
+    wait_phase(cluster, namespace, "duo", "Succeeded", 300)
+    trained = role_steps(follower, "trainer")
+    assert {s.round for s in trained} == {trainer_round}
+    for rank in (0, 1):
+        steps = [s.step for s in trained if s.rank == rank]
+        assert steps[0] <= 1 and steps == list(range(steps[0], 601)), (rank, steps[:3], steps[-3:])
+    status = get_job(cluster, namespace, "duo")["status"]
+    assert status["replacements"] >= 1, status
 
 
 PS_SCRIPT = "examples/roles/ps_rpc.py"

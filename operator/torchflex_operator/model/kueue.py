@@ -17,7 +17,11 @@ from typing import Any
 from torchflex_operator.model.vocabulary import KueueCondition
 
 POD_SET = "workers"
-"""The Workload's one pod set: the job's worker pods."""
+"""The Workload's one pod set of a job of one group: the job's worker pods (a
+multi-role job has one pod set per role, named after the role)."""
+
+AskedSet = tuple[str, int | None, int | None]
+"""One pod set of a Workload's spec: its name, ``count`` and ``minCount``."""
 # Kueue's Workload condition types (apis/kueue/v1beta2/workload_types.go).
 QUOTA_RESERVED = KueueCondition.QUOTA_RESERVED.value
 ADMITTED = KueueCondition.ADMITTED.value
@@ -32,6 +36,10 @@ def find_condition(conditions: Sequence[Mapping[str, Any]], ctype: str) -> Mappi
 
 def _true(cond: Mapping[str, Any] | None) -> bool:
     return cond is not None and cond.get("status") == "True"
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +59,10 @@ class WorkloadView:
     """``status.admission.podSetAssignments[workers].count``: the admitted pods."""
     asked: tuple[int | None, int | None] = (None, None)
     """``spec.podSets[workers]``'s ``(count, minCount)``: what the Workload asks quota for."""
+    asked_sets: tuple[AskedSet, ...] = ()
+    """Every pod set of ``spec.podSets`` (a multi-role job's: one per role), in order."""
+    counts: tuple[tuple[str, int], ...] = ()
+    """Every pod set's admitted count (``status.admission.podSetAssignments``)."""
     message: str = ""
     """Kueue's word on it: the Evicted, else QuotaReserved condition's message."""
     conditions: tuple[Mapping[str, Any], ...] = ()
@@ -64,6 +76,11 @@ class WorkloadView:
         count = next(
             (a.get("count") for a in assignments if a.get("name") == POD_SET),
             None,
+        )
+        counts = tuple(
+            (str(a.get("name", "")), a["count"])
+            for a in assignments
+            if isinstance(a.get("count"), int)
         )
         sets = (obj.get("spec") or {}).get("podSets") or ()
         pod_set: Mapping[str, Any] = next((s for s in sets if s.get("name") == POD_SET), {})
@@ -88,6 +105,11 @@ class WorkloadView:
             ),
             message=str((said or {}).get("message", "")),
             conditions=conds,
+            asked_sets=tuple(
+                (str(s.get("name", "")), _int(s.get("count")), _int(s.get("minCount")))
+                for s in sets
+            ),
+            counts=counts,
         )
 
 
@@ -108,7 +130,10 @@ class Gate:
     workload: str
     queue: str
     count: int = 0
+    """The admitted worker pods (a multi-role job's: every role's together)."""
     message: str = ""
+    role_counts: tuple[tuple[str, int], ...] = ()
+    """A multi-role job's admitted pods per role, in spec order (empty otherwise)."""
 
     @property
     def holds(self) -> bool:

@@ -157,6 +157,27 @@ class JobSpec:
         """Every role's range in spec order (what ``env.ROLE_SIZES`` carries)."""
         return tuple(RoleSize(r.name, r.min_replicas, r.max_replicas) for r in self.roles)
 
+    def admitted(self, count: int, role_counts: Mapping[str, int]) -> JobSpec:
+        """The job run at what Kueue admitted: ``count`` workers, or for a multi-role job
+        each role at most its own count (``role_counts``; a role absent: unchanged).
+        Never more than the job asks for: an admission only lowers desired counts."""
+        if not self.roles:
+            return dataclasses.replace(self, replicas=min(self.desired, count))
+        roles = tuple(
+            dataclasses.replace(
+                r,
+                replicas=min(
+                    self.role_view(r.name).desired, role_counts.get(r.name, r.max_replicas)
+                ),
+            )
+            for r in self.roles
+        )
+        scale = self.scale_role_name
+        replicas = self.replicas
+        if replicas is not None and scale in role_counts:
+            replicas = min(self.role_view(scale).desired, role_counts[scale])
+        return dataclasses.replace(self, roles=roles, replicas=replicas)
+
     def role_view(self, name: str) -> JobSpec:
         """Role ``name`` of a multi-role job as a job of one group: its template, range,
         nprocPerNode and desired count (``spec.replicas`` for the scale role, else the

@@ -70,9 +70,6 @@ class Reason(enum.StrEnum):
     WORKERS_RESTARTING = "WorkersRestarting"
     """A worker failed: the agents stop the group and restart it in place."""
     NO_WORKERS_RUNNING = "NoWorkersRunning"
-    ROLES_NOT_RUN = "RolesNotRun"
-    """A multi-role job (``spec.roles``) under a Kueue queue: the API accepts it, this
-    operator does not run it yet (no pods; docs/api.md, Roles)."""
     # Suspended (and MinAvailable, AtDesiredSize, Training while suspended)
     SUSPENDED_BY_USER = "SuspendedByUser"
     RESUMED = "Resumed"
@@ -170,9 +167,6 @@ class EventReason(enum.StrEnum):
     PENDING_CAP_REACHED = "PendingCapReached"
     INVALID_SPEC = "InvalidSpec"
     """The spec passed the CRD schema but not ``JobSpec.parse`` (Warning; no pass runs)."""
-    ROLES_NOT_RUN = "RolesNotRun"
-    """A multi-role job under a Kueue queue was accepted by the API but is not run by
-    this operator (Warning, once per spec generation)."""
     BUDGET_NOT_APPLIED = "DisruptionBudgetNotApplied"
     """The job's PodDisruptionBudget could not be written (Warning; the job runs without it)."""
     SPARE_PROMOTED = "SparePromoted"

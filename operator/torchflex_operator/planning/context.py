@@ -65,9 +65,10 @@ class Ctx:
         now: dt.datetime,
         settings: Settings,
     ) -> Ctx:
-        if observed.queue is not None and not observed.queue.holds:
-            # Kueue admitted this many workers: the job runs at most at that size.
-            job = replace(job, replicas=min(job.desired, observed.queue.count))
+        gate = observed.queue
+        if gate is not None and not gate.holds:
+            # Kueue admitted this many workers (per role): the job runs at most at that size.
+            job = job.admitted(gate.count, dict(gate.role_counts))
         return cls(job, prior, observed, now, settings)
 
     @property

@@ -59,8 +59,6 @@ Step = Callable[[Ctx, Draft], Draft]
 FINISHED: tuple[Step, ...] = (lifecycle.cleanup, spares.retire)
 """A job that finished in an earlier pass: clean up, then TTL."""
 SUSPENDED: tuple[Step, ...] = (lifecycle.suspend,)
-ROLES_NOT_RUN: tuple[Step, ...] = (lifecycle.roles_not_run,)
-"""A multi-role job under a Kueue queue: accepted by the API, not run yet (``not_run``)."""
 HELD: tuple[Step, ...] = (lifecycle.hold,)
 """Kueue holds the queued job (waiting for admission, or evicted)."""
 OPENING: tuple[Step, ...] = (
@@ -120,12 +118,6 @@ def fold(ctx: Ctx, d: Draft, steps: Sequence[Step], *, while_live: bool = False)
             break
         d = step(ctx, d)
     return d
-
-
-def not_run(job: JobSpec) -> bool:
-    """A multi-role job this operator does not run yet: under a Kueue queue (one pod set
-    per role is not built)."""
-    return job.multi_role and job.queue_name is not None
 
 
 def _live(ctx: Ctx, d: Draft) -> Draft:
@@ -221,8 +213,6 @@ def _run(ctx: Ctx, d: Draft) -> Draft:
     prior = ctx.prior_phase
     if prior is not None and prior.finished:
         return fold(ctx, d, FINISHED)
-    if not_run(ctx.job):
-        return fold(ctx, d, ROLES_NOT_RUN)
     if ctx.job.suspend:
         return fold(ctx, d, SUSPENDED)
     if ctx.obs.queue is not None and ctx.obs.queue.holds:

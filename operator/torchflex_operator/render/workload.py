@@ -9,7 +9,9 @@ writes each job's Workload and obeys it. A job labelled
 job, named from it, one pod set of ``maxReplicas`` worker pods with
 ``minCount`` ``minReplicas`` (Kueue's partial admission may admit fewer, down to
 the minimum), the worker pod template, and the priority of its
-``kueue.x-k8s.io/priority-class`` WorkloadPriorityClass.
+``kueue.x-k8s.io/priority-class`` WorkloadPriorityClass. A multi-role job asks one
+pod set per role (``asked``, ``pod_sets``), and runs each role at its own admitted
+count (``Gate.role_counts``, ``JobSpec.admitted``).
 
 ``gate`` reads the Workload and says what the planner does: hold the job
 suspended (no pods) while it waits, run it at the admitted count, or suspend it
@@ -32,7 +34,7 @@ from typing import Any
 
 from torchflex_contract.labels import PodKind
 from torchflex_operator.model import kueue
-from torchflex_operator.model.kueue import Admission, Gate, WorkloadView
+from torchflex_operator.model.kueue import Admission, AskedSet, Gate, WorkloadView
 from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.timestamps import format_time
 from torchflex_operator.model.vocabulary import (
@@ -63,19 +65,31 @@ def workload_name(job: JobSpec) -> str:
     return f"elasticjob-{job.name}"
 
 
+def asked(job: JobSpec) -> tuple[AskedSet, ...]:
+    """The pod sets the job's Workload asks quota for: ``(name, count, minCount)``. One
+    of ``maxReplicas`` with ``minCount`` ``minReplicas``; a multi-role job's one per
+    role, named after it, of the role's ``maxReplicas``, with a ``minCount`` only for
+    its one elastic role (``JobSpec.parse`` refuses more: Kueue admits one)."""
+    if not job.multi_role:
+        return ((POD_SET, job.max_replicas, job.min_replicas),)
+    return tuple((r.name, r.max_replicas, r.min_replicas if r.elastic else None) for r in job.roles)
+
+
+def pod_sets(job: JobSpec) -> list[Manifest]:
+    """The Workload's ``spec.podSets`` (``asked``), each with its pods' template."""
+    templates = {POD_SET: job.template} | {r.name: r.template for r in job.roles}
+    out: list[Manifest] = []
+    for name, count, min_count in asked(job):
+        pod_set: Manifest = {"name": name, "count": count}
+        if min_count is not None:
+            pod_set["minCount"] = min_count
+        out.append(pod_set | {"template": dict(templates[name])})
+    return out
+
+
 def workload(job: JobSpec, priority: int | None) -> Manifest:
     """The job's Workload; ``priority`` is its WorkloadPriorityClass's value (None: none)."""
-    spec: Manifest = {
-        "queueName": job.queue_name or "",
-        "podSets": [
-            {
-                "name": POD_SET,
-                "count": job.max_replicas,
-                "minCount": job.min_replicas,
-                "template": dict(job.template),
-            }
-        ],
-    }
+    spec: Manifest = {"queueName": job.queue_name or "", "podSets": pod_sets(job)}
     if job.priority_class is not None and priority is not None:
         spec["priorityClassRef"] = {
             "group": GROUP,
@@ -99,8 +113,27 @@ def workload(job: JobSpec, priority: int | None) -> Manifest:
 
 def stale(job: JobSpec, view: WorkloadView) -> bool:
     """Whether the Workload asks quota for other replicas than the job's (``minReplicas``
-    or ``maxReplicas`` edited since it was created): it is replaced, never obeyed."""
-    return view.asked != (job.max_replicas, job.min_replicas)
+    or ``maxReplicas`` edited since it was created, a role added): it is replaced,
+    never obeyed."""
+    if not job.multi_role:
+        return view.asked != (job.max_replicas, job.min_replicas)
+    return view.asked_sets != asked(job)
+
+
+def _role_counts(job: JobSpec, view: WorkloadView) -> tuple[tuple[str, int], ...] | str:
+    """A multi-role job's admitted pods per role (a role Kueue gave no count is admitted
+    whole); or why the admission cannot be run (a count outside the role's range)."""
+    given = dict(view.counts)
+    out: list[tuple[str, int]] = []
+    for r in job.roles:
+        count = given.get(r.name, r.max_replicas)
+        if not r.min_replicas <= count <= r.max_replicas:
+            return (
+                f"Kueue admitted {count} pods of role {r.name}, outside "
+                f"{r.min_replicas}-{r.max_replicas}"
+            )
+        out.append((r.name, count))
+    return tuple(out)
 
 
 def gate(job: JobSpec, view: WorkloadView | None) -> Gate | None:
@@ -115,16 +148,21 @@ def gate(job: JobSpec, view: WorkloadView | None) -> Gate | None:
     if stale(job, view):
         # Running on the old admission would use quota Kueue never granted (a raised
         # minimum) or hold quota the job cannot use: stop, then ask again.
-        count, min_count = view.asked
         return Gate(
             Admission.WAITING,
             name,
             queue,
-            message=f"its Workload asked for {min_count}-{count} pods and the job now runs "
-            f"{job.min_replicas}-{job.max_replicas}: it is replaced once no pod is left",
+            message=f"its Workload asked for {_asked_text(view)} pods and the job now runs "
+            f"{_job_text(job)}: it is replaced once no pod is left",
         )
     if not view.admitted:
         return Gate(Admission.WAITING, name, queue, message=view.message or "not admitted yet")
+    if job.multi_role:
+        counts = _role_counts(job, view)
+        if isinstance(counts, str):
+            return Gate(Admission.WAITING, name, queue, message=counts)
+        total = sum(c for _, c in counts)
+        return Gate(Admission.ADMITTED, name, queue, count=total, role_counts=counts)
     # Admitted without a count is admitted whole. A count outside [min, max] is never
     # stretched to fit: more pods than admitted would run on quota nobody reserved.
     count = job.max_replicas if view.count is None else view.count
@@ -136,6 +174,23 @@ def gate(job: JobSpec, view: WorkloadView | None) -> Gate | None:
             message=f"Kueue admitted {count} pods, outside {job.min_replicas}-{job.max_replicas}",
         )
     return Gate(Admission.ADMITTED, name, queue, count=count)
+
+
+def _range(count: int | None, min_count: int | None) -> str:
+    return f"{count}" if min_count is None or min_count == count else f"{min_count}-{count}"
+
+
+def _asked_text(view: WorkloadView) -> str:
+    if len(view.asked_sets) == 1 and view.asked_sets[0][0] == POD_SET:
+        count, min_count = view.asked
+        return f"{min_count}-{count}"
+    return ", ".join(f"{n} {_range(c, m)}" for n, c, m in view.asked_sets)
+
+
+def _job_text(job: JobSpec) -> str:
+    if not job.multi_role:
+        return f"{job.min_replicas}-{job.max_replicas}"
+    return ", ".join(f"{n} {_range(c, m)}" for n, c, m in asked(job))
 
 
 def must_read(

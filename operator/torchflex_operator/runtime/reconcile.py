@@ -49,7 +49,6 @@ from torchflex_operator.model.spec import JobSpec
 from torchflex_operator.model.status import JobStatus
 from torchflex_operator.model.vocabulary import EventReason, EventType, GangScheduling
 from torchflex_operator.planning import plan, scheduling
-from torchflex_operator.planning.pipeline import not_run
 from torchflex_operator.planning.rules.defaulting import replicas_patch
 from torchflex_operator.render import podgroup, workload
 from torchflex_operator.runtime.admission import Workloads
@@ -264,14 +263,11 @@ class Reconciler:
             )
             raise
         observed = await self.observe(key, now)
-        # A multi-role job not run yet (pipeline.ROLES_NOT_RUN): no Workload, PodGroup
-        # or budget is written for it.
-        runs = not not_run(job)
-        view = await self.workloads.view(key, job) if runs else None
-        observed = dataclasses.replace(observed, queue=workload.gate(job, view) if runs else None)
+        view = await self.workloads.view(key, job)
+        observed = dataclasses.replace(observed, queue=workload.gate(job, view))
         mode = await self._gang_mode()
         result = plan(job, JobStatus.parse(obj.get("status") or {}), observed, now, self.settings)
-        if result.status is not None and runs:  # None: the job is being deleted
+        if result.status is not None:  # None: the job is being deleted
             status = dataclasses.replace(result.status, gang_scheduling=mode)
             result = dataclasses.replace(result, status=status)
             finished = status.phase is not None and status.phase.finished
@@ -280,10 +276,7 @@ class Reconciler:
             )
         await self.applier.apply(key, obj, result, now)
         phase = None if result.status is None else result.status.phase
-        if runs:
-            await self.workloads.write(
-                key, job, view, phase=phase, pods=len(observed.pods), now=now
-            )
+        await self.workloads.write(key, job, view, phase=phase, pods=len(observed.pods), now=now)
         self.metrics.job_phase(key, phase)
         return self._requeue(key, result.requeue_after, observed, now)
 

@@ -27,6 +27,7 @@ from tests.unit.operator.factories import (
 from torchflex_contract.progress import AgentReport, AgentState, Progress
 from torchflex_contract.roles import Coupling
 from torchflex_operator.model.errors import InvalidSpecError
+from torchflex_operator.model.kueue import WorkloadView
 from torchflex_operator.model.observed import Observed, PodView
 from torchflex_operator.model.roles import FailureScope
 from torchflex_operator.model.settings import Settings
@@ -42,6 +43,7 @@ from torchflex_operator.model.vocabulary import (
 from torchflex_operator.planning import plan
 from torchflex_operator.planning.rules.defaulting import replicas_patch
 from torchflex_operator.render import builders, pdb, podgroup
+from torchflex_operator.render import workload as queueing
 from torchflex_operator.runtime.agent_status import poll_targets
 
 REPO = Path(__file__).resolve().parents[3]
@@ -230,21 +232,81 @@ def test_a_multi_role_job_creates_every_role_pod_and_one_store() -> None:
     assert [e.reason for e in without_store.events].count(EventReason.STORE_CREATED) == 1
 
 
-def test_a_queued_multi_role_job_is_not_run_and_says_so_once_per_generation() -> None:
-    job = JobSpec.parse(queued(roles_obj()))
-    first = plan(job, parsed({}), observed(), NOW)
-    assert not first.create_pods and not first.create_services
-    status = decided(first)
-    assert status.phase is Phase.PENDING
-    training = next(c for c in status.conditions or () if c.is_type(ConditionType.TRAINING))
-    assert training.reason == Reason.ROLES_NOT_RUN and "not yet run" in training.message
-    assert [e.reason for e in first.events] == [EventReason.ROLES_NOT_RUN]
-    again = plan(job, status, observed(), NOW)
-    assert not again.events and not again.create_pods
-    edited = dataclasses.replace(job, generation=job.generation + 1)
-    assert [e.reason for e in plan(edited, status, observed(), NOW).events] == [
-        EventReason.ROLES_NOT_RUN
+def admitted_workload(job: JobSpec, **counts: int) -> WorkloadView:
+    """``job``'s Workload as Kueue left it: admitted, with ``counts`` per pod set."""
+    obj = queueing.workload(job, None)
+    obj["status"] = {
+        "conditions": [
+            {"type": t, "status": "True", "reason": "R", "message": "",
+             "lastTransitionTime": "2025-01-01T11:00:00Z"}
+            for t in ("QuotaReserved", "Admitted")
+        ],
+        "admission": {
+            "clusterQueue": "cq",
+            "podSetAssignments": [{"name": n, "count": c} for n, c in counts.items()],
+        },
+    }  # fmt: skip
+    return WorkloadView.parse(obj)
+
+
+def test_a_queued_multi_role_job_asks_kueue_for_one_pod_set_per_role() -> None:
+    job = JobSpec.parse(queued(roles_obj(role("trainer", 2, 2), role("reader", 1, 4))))
+    sets = queueing.workload(job, None)["spec"]["podSets"]
+    # The one elastic role has a minCount (partial admission); a fixed role has none.
+    assert [(s["name"], s["count"], s.get("minCount")) for s in sets] == [
+        ("trainer", 2, None),
+        ("reader", 4, 1),
     ]
+    trainer, reader = job.role_views()
+    assert [s["template"] for s in sets] == [trainer.template, reader.template]
+    assert not queueing.stale(job, admitted_workload(job, trainer=2, reader=3))
+    wider = JobSpec.parse(queued(roles_obj(role("trainer", 2, 2), role("reader", 1, 5))))
+    assert queueing.stale(wider, admitted_workload(job, trainer=2, reader=3))
+    gate = queueing.gate(wider, admitted_workload(job, trainer=2, reader=3))
+    assert gate is not None and gate.holds
+    assert "asked for trainer 2, reader 1-4 pods and the job now runs trainer 2, reader 1-5" in (
+        gate.message
+    )
+
+
+@pytest.mark.parametrize(
+    ("counts", "want"),
+    [
+        ({"trainer": 2, "reader": 3}, (5, (("trainer", 2), ("reader", 3)))),
+        ({"trainer": 2}, (6, (("trainer", 2), ("reader", 4)))),  # no count: admitted whole
+        ({"trainer": 2, "reader": 5}, "Kueue admitted 5 pods of role reader, outside 1-4"),
+        ({"trainer": 1, "reader": 3}, "Kueue admitted 1 pods of role trainer, outside 2-2"),
+    ],
+)
+def test_kueue_admits_each_role_its_own_count(
+    counts: dict[str, int], want: tuple[int, tuple[tuple[str, int], ...]] | str
+) -> None:
+    job = JobSpec.parse(queued(roles_obj(role("trainer", 2, 2), role("reader", 1, 4))))
+    gate = queueing.gate(job, admitted_workload(job, **counts))
+    assert gate is not None
+    if isinstance(want, str):
+        assert gate.holds and gate.message == want
+    else:
+        assert not gate.holds and (gate.count, gate.role_counts) == want
+
+
+def test_a_partially_admitted_multi_role_job_runs_each_role_at_its_admitted_count() -> None:
+    job = JobSpec.parse(queued(roles_obj(role("trainer", 2, 2), role("reader", 1, 4))))
+    gate = queueing.gate(job, admitted_workload(job, trainer=2, reader=3))
+    assert gate is not None
+    result = plan(job, parsed({"phase": "Suspended"}), observed(queue=gate), NOW)
+    names = sorted(m["metadata"]["name"] for m in result.create_pods)
+    assert [n for n in names if n != "demo-store"] == [
+        "demo-reader-0", "demo-reader-1", "demo-reader-2", "demo-trainer-0", "demo-trainer-1",
+    ]  # fmt: skip
+    status = decided(result)
+    assert status.desired_replicas == 5 and status.phase is Phase.PENDING
+    assert [(r.name, r.desired) for r in status.roles or ()] == [("trainer", 2), ("reader", 3)]
+    (message,) = [e.message for e in result.events if e.reason == EventReason.ADMITTED]
+    assert message.endswith("at 5 worker(s) (trainer 2, reader 3)")
+    # An admission never raises a desired count: the scale role at spec.replicas 2.
+    scaled = dataclasses.replace(job, scale_role="reader", replicas=2)
+    assert [v.desired for v in scaled.admitted(5, dict(gate.role_counts)).role_views()] == [2, 2]
 
 
 def test_a_multi_role_job_runs_when_every_role_runs() -> None:
@@ -537,7 +599,6 @@ def test_a_joint_multi_role_job_is_run_with_every_role_pod() -> None:
     result = plan(job, parsed({}), Observed(pods=()), NOW)
     names = sorted(m["metadata"]["name"] for m in result.create_pods)
     assert names == ["demo-ps-0", "demo-store", "demo-trainer-0", "demo-trainer-1"]
-    assert EventReason.ROLES_NOT_RUN not in [e.reason for e in result.events]
 
 
 def test_a_joint_round_completes_only_when_every_role_s_members_exited_0() -> None:

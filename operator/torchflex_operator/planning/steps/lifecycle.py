@@ -107,13 +107,19 @@ def _why_suspended(ctx: Ctx) -> tuple[Reason, str]:
 def resume(ctx: Ctx, d: Draft) -> Draft:
     """A live job: leave Suspended if it was, and start the clock once."""
     gate = ctx.obs.queue
+    # Said once per pass: each role of a multi-role job runs this step from the held phase.
+    said = any(e.reason in (EventReason.RESUMED, EventReason.ADMITTED) for e in d.events)
     if ctx.prior_phase is Phase.SUSPENDED:
         if gate is None:
-            d = d.event(EventType.NORMAL, EventReason.RESUMED, "job resumed")
             message = "spec.suspend is false"
+            if not said:
+                d = d.event(EventType.NORMAL, EventReason.RESUMED, "job resumed")
         else:
             message = f"Kueue admitted Workload {gate.workload} at {gate.count} worker(s)"
-            d = d.event(EventType.NORMAL, EventReason.ADMITTED, message)
+            if gate.role_counts:
+                message += " (" + ", ".join(f"{n} {c}" for n, c in gate.role_counts) + ")"
+            if not said:
+                d = d.event(EventType.NORMAL, EventReason.ADMITTED, message)
         d = d.set_condition(
             ctx,
             ConditionType.SUSPENDED,
@@ -162,33 +168,3 @@ def idle(ctx: Ctx, d: Draft) -> Draft:
         done = replace(succeeded, type=ConditionType.COMPLETE.value)
         d = d.with_status(conditions=(*(d.status.conditions or ()), done))
     return d
-
-
-ROLES_NOT_RUN_MESSAGE = (
-    "multi-role jobs (spec.roles) under a Kueue queue are accepted by the API but not yet "
-    "run by this operator: no pods are created (docs/api.md, Roles)"
-)
-
-
-def roles_not_run(ctx: Ctx, d: Draft) -> Draft:
-    """A multi-role job not run yet (``pipeline.not_run``: queued): said,
-    once per generation, in ``Training`` and a Warning; nothing is created, and a pod of
-    the job (an older operator's) is deleted, so that no part of it runs half-planned."""
-    for pod in ctx.obs.pods:
-        if not pod.terminating:
-            d = d.delete(pod)
-    cond = d.condition(ConditionType.TRAINING)
-    if (
-        cond is None
-        or cond.reason != Reason.ROLES_NOT_RUN.value
-        or cond.observed_generation != ctx.job.generation
-    ):
-        d = d.event(EventType.WARNING, EventReason.ROLES_NOT_RUN, ROLES_NOT_RUN_MESSAGE)
-    d = d.with_status(phase=Phase.PENDING)
-    return d.set_condition(
-        ctx,
-        ConditionType.TRAINING,
-        status=False,
-        reason=Reason.ROLES_NOT_RUN,
-        message=ROLES_NOT_RUN_MESSAGE,
-    )
