@@ -26,11 +26,12 @@ from e2e.workload import (
     TrainingJob,
     apply,
     get_job,
+    job_events,
     role_entry,
     roles_manifest,
     worker_pods,
 )
-from tests.e2e.checks import uid_of, wait_phase, wait_replaced
+from tests.e2e.checks import uid_of, wait_phase
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -185,7 +186,19 @@ def test_a_frozen_reader_is_fenced_and_replaced_while_the_trainers_train_on(
             120,
             f"the surviving reader training in a round after {reader_round}",
         )
-        wait_replaced(cluster, namespace, "duo", "duo-reader-1", old_uid=old_uid, timeout_s=120)
+        # The frozen pod is fenced (deleted); while it is still terminating its
+        # replacement takes the next free index.
+        wait_for(
+            lambda: any(
+                p["metadata"]["uid"] != old_uid
+                and p["metadata"]["name"] != "duo-reader-0"
+                and p.get("status", {}).get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+                for p in role_pods(cluster, namespace, "duo", "reader")
+            ),
+            120,
+            "a replacement reader running",
+        )
     finally:
         faults.thaw(frozen)
     wait_phase(cluster, namespace, "duo", "Succeeded", 300)
@@ -196,6 +209,7 @@ def test_a_frozen_reader_is_fenced_and_replaced_while_the_trainers_train_on(
         assert steps[0] <= 1 and steps == list(range(steps[0], 601)), (rank, steps[:3], steps[-3:])
     status = get_job(cluster, namespace, "duo")["status"]
     assert status["replacements"] >= 1, status
+    assert "FencedPod" in [e["reason"] for e in job_events(cluster, namespace, "duo")]
 
 
 PS_SCRIPT = "examples/roles/ps_rpc.py"
@@ -266,6 +280,7 @@ def test_a_joint_job_re_forms_every_role_resumes_from_the_server_s_checkpoint_an
     assert resumed in loaded, (sorted({s.step for s in after})[:5], loaded)
     status = get_job(cluster, namespace, "joint")["status"]
     assert status["lastFailure"]["pod"] == "joint-ps-0", status.get("lastFailure")
+    assert status["failures"] == 1, status  # one restart counted, for the ps's death
 
     # A trainer's death re-forms every role again; the job still completes.
     second_round = max(s.round for s in lines_of(follower, "step", "trainer"))
