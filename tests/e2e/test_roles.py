@@ -5,9 +5,11 @@ kubelet: two roles each run ``examples/train_elastic.py`` in a rendezvous of the
 (``<rdzv-id>.<role>``), both through the job's one store pod. The trainer role is the
 completion role: its final round exiting 0 completes the job, and the readers, still
 running, are stopped. A reader's death re-forms the readers only, and ``kubectl scale``
-(the scale role: reader) adds a reader only. A Joint job (``examples/roles/ps_rpc.py``:
-a parameter server and two trainers over RPC) re-forms every role when one member dies,
-resumes from the server's checkpoint, and completes when its final joint round does.
+(the scale role: reader) adds a reader only, promoting the readers' warm spare. A
+frozen reader is fenced and replaced without the trainers noticing. A Joint job
+(``examples/roles/ps_rpc.py``: a parameter server and two trainers over RPC) re-forms
+every role when one member dies, resumes from the server's checkpoint, and completes
+when its final joint round does.
 """
 
 from __future__ import annotations
@@ -98,12 +100,9 @@ def test_a_reader_killed_re_forms_the_readers_only_and_scale_adds_a_reader(
     # Trainers long enough (60 s at full speed) for a kill and a scale to happen first.
     trainer = TrainingJob("duo", ckpt_dir, min_replicas=2, max_replicas=2, steps=600)
     reader = TrainingJob("duo", ckpt_dir, min_replicas=1, max_replicas=3, steps=100000)
+    readers = role_entry("reader", reader) | {"warmSpares": 1}  # a spare of the readers only
     manifest = roles_manifest(
-        "duo",
-        role_entry("trainer", trainer),
-        role_entry("reader", reader),
-        scaleRole="reader",
-        replicas=2,
+        "duo", role_entry("trainer", trainer), readers, scaleRole="reader", replicas=2
     )
     apply(cluster, namespace, manifest)
     wait_for(
@@ -125,15 +124,22 @@ def test_a_reader_killed_re_forms_the_readers_only_and_scale_adds_a_reader(
         120,
         f"readers training in a round after {reader_round}",
     )
-    # ... and kubectl scale (scaleRole: reader) adds a reader, no trainer.
+    # ... and kubectl scale (scaleRole: reader) adds a reader, no trainer: the readers'
+    # warm spare, promoted.
+    wait_for(
+        lambda: get_job(cluster, namespace, "duo")["status"].get("warmSpares") == 1,
+        120,
+        "the readers' warm spare running",
+    )
     cluster.kubectl("scale", "ej", "duo", "-n", namespace, "--replicas=3")
     wait_for(
-        lambda: any(
-            p["metadata"]["name"] == "duo-reader-2"
-            for p in role_pods(cluster, namespace, "duo", "reader")
-        ),
+        lambda: "SparePromoted" in [e["reason"] for e in job_events(cluster, namespace, "duo")],
         60,
-        "duo-reader-2 created",
+        "the readers' spare promoted",
+    )
+    assert any(
+        p["metadata"]["name"] == "duo-reader-2"
+        for p in role_pods(cluster, namespace, "duo", "reader")
     )
     assert sorted(
         p["metadata"]["name"] for p in role_pods(cluster, namespace, "duo", "trainer")

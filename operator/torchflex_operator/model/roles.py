@@ -41,6 +41,9 @@ class RoleSpec:
     """``spec.roles[].replicas``: the role's desired pods (absent: ``maxReplicas``); for
     the scale role a set ``spec.replicas`` wins."""
     failure_scope: FailureScope = FailureScope.ROLE
+    warm_spares: int = 0
+    """``spec.roles[].warmSpares``: the role's warm spare pods (``spec.warmSpares``'s
+    meaning, per role)."""
 
     @property
     def elastic(self) -> bool:
@@ -57,6 +60,7 @@ class RoleSpec:
             nproc_per_node=str(raw.get("nprocPerNode", "auto")),
             replicas=None if replicas is None else int(replicas),
             failure_scope=FailureScope(raw.get("failureScope", FailureScope.ROLE)),
+            warm_spares=int(raw.get("warmSpares", 0)),
         )
 
 
@@ -83,6 +87,10 @@ def parse_roles(raw: Sequence[Mapping[str, Any]]) -> tuple[RoleSpec, ...]:
         ):
             raise InvalidSpecError(
                 f"spec.roles[{i}].replicas must be within [minReplicas, maxReplicas]"
+            )
+        if not 0 <= role.warm_spares <= role.max_replicas - role.min_replicas:
+            raise InvalidSpecError(
+                f"spec.roles[{i}].warmSpares must be within [0, maxReplicas - minReplicas]"
             )
     return roles
 

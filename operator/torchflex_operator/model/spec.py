@@ -126,6 +126,11 @@ class JobSpec:
         return bool(self.roles)
 
     @property
+    def keeps_spares(self) -> bool:
+        """Whether the job asks for warm spares (``spec.warmSpares``, or a role's)."""
+        return bool(self.warm_spares) or any(r.warm_spares for r in self.roles)
+
+    @property
     def joint(self) -> bool:
         """A multi-role job whose roles form one group (``coupling: Joint``)."""
         return bool(self.roles) and self.coupling is Coupling.JOINT
@@ -196,6 +201,7 @@ class JobSpec:
             replicas=replicas,
             nproc_per_node=spec.nproc_per_node,
             template=spec.template,
+            warm_spares=spec.warm_spares,
         )
 
     def role_views(self) -> tuple[JobSpec, ...]:
@@ -292,7 +298,10 @@ class JobSpec:
                 joint=job.coupling is Coupling.JOINT,
             )
             if job.warm_spares:
-                raise InvalidSpecError("spec.warmSpares is not supported with spec.roles")
+                raise InvalidSpecError(
+                    "spec.warmSpares is not read with spec.roles: set spec.roles[].warmSpares "
+                    "per role"
+                )
         elif job.scale_role or job.completion_role or "coupling" in spec:
             raise InvalidSpecError(
                 "spec.coupling, spec.scaleRole and spec.completionRole need spec.roles"

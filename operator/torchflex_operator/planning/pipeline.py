@@ -201,8 +201,12 @@ def _run_roles(ctx: Ctx, d: Draft) -> Draft:
             break
         s = d.status
         outcomes.append(RoleOutcome(view.role, s.phase, s.below_min_since, s.conditions or ()))
-    everyone = [w for v in views for w in ctx.obs.workers(v.role) if not w.standby]
-    d = replace(d, members=tuple(everyone), spares=())
+    pods = [w for v in views for w in ctx.obs.workers(v.role)]
+    d = replace(
+        d,
+        members=tuple(w for w in pods if not w.standby),
+        spares=tuple(w for w in pods if w.standby),
+    )
     if d.finished:
         d = replace(d, create_pods=(), create_services=(), create_network_policies=())
         return fold(ctx, d.with_status(desired_replicas=job.desired), ENDED)

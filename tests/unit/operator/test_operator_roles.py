@@ -178,7 +178,7 @@ def plus(obj: dict[str, Any], **spec: Any) -> dict[str, Any]:
             roles_obj(coupling="Joint", completionRole="trainer"),
             "spec.completionRole is not read with coupling Joint",
         ),
-        (roles_obj(warmSpares=1), "spec.warmSpares is not supported with spec.roles"),
+        (roles_obj(warmSpares=1), "spec.warmSpares is not read with spec.roles"),
         (roles_obj(role("trainer", 1, 1, failureScope="Node")), "invalid ElasticJob spec"),
         (roles_obj(coupling="Loose"), "invalid ElasticJob spec"),
         (job_obj(coupling="Joint"), "need spec.roles"),
@@ -683,3 +683,37 @@ def test_job_scoped_roles_reach_every_role_s_agents_and_roll_the_pods() -> None:
     assert builders.template_hash(scoped.role_views()[0]) != builders.template_hash(
         plain.role_views()[0]
     )
+
+
+def test_a_role_keeps_its_own_warm_spares_and_scaling_it_promotes_one() -> None:
+    job = roles_job(
+        role("trainer", 2, 2), role("reader", 1, 4, replicas=2, warmSpares=1), scaleRole="reader"
+    )
+    trainer, reader = job.role_views()
+    assert (trainer.warm_spares, reader.warm_spares) == (0, 1) and job.keeps_spares
+    pods = [role_pod(trainer, 0), role_pod(trainer, 1), role_pod(reader, 0), role_pod(reader, 1)]
+    result = plan(job, parsed({"phase": "Running"}), observed(*pods), NOW)
+    # The reader role's spare sits at its next index, annotated standby; no trainer spare.
+    (made,) = [m for m in result.create_pods if m["metadata"]["name"] != "demo-store"]
+    assert made["metadata"]["name"] == "demo-reader-2"
+    assert made["metadata"]["annotations"]["torchflex.io/standby"] == "true"
+    status = decided(result)
+    spare = role_pod(reader, 2, standby=True)
+    again = decided(plan(job, status, observed(*pods, spare), NOW))
+    assert again.warm_spares == 1 and again.replicas == 4  # a spare is never a replica
+    # kubectl scale (the scale role: reader) to 3 promotes the spare, and a new spare
+    # is made at the index after it.
+    grown = plan(dataclasses.replace(job, replicas=3), again, observed(*pods, spare), NOW)
+    assert [p.name for p in grown.promote_pods] == ["demo-reader-2"]
+    assert EventReason.SPARE_PROMOTED in [e.reason for e in grown.events]
+
+
+@pytest.mark.parametrize(
+    ("spares", "fragment"),
+    [(4, "spec.roles[1].warmSpares must be within [0, maxReplicas - minReplicas]"),
+     (-1, "spec.roles[1].warmSpares must be within")],
+)  # fmt: skip
+def test_a_role_s_warm_spares_fit_its_room_to_grow(spares: int, fragment: str) -> None:
+    with pytest.raises(InvalidSpecError) as raised:
+        JobSpec.parse(roles_obj(role("trainer", 2, 2), role("reader", 1, 4, warmSpares=spares)))
+    assert fragment in str(raised.value)

@@ -62,7 +62,7 @@ def counts(ctx: Ctx, d: Draft) -> Draft:
         rendezvous_round=rnd,
         world_size=world,
         warm_spares=(
-            sum(1 for w in d.spares if w.running) if ctx.job.warm_spares or d.spares else None
+            sum(1 for w in d.spares if w.running) if ctx.job.keeps_spares or d.spares else None
         ),
     )
 

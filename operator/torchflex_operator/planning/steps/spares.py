@@ -36,8 +36,9 @@ def _wanted(ctx: Ctx) -> int:
     """Spares the job keeps now: only room to grow (``maxReplicas - desired``) is filled;
     in a Kueue queue, only room within the admitted count (Kueue's quota covers no more)."""
     top = ctx.job.max_replicas
-    if ctx.obs.queue is not None:
-        top = min(top, ctx.obs.queue.count)
+    gate = ctx.obs.queue
+    if gate is not None:  # a role of a multi-role job: its own pod set's count
+        top = min(top, dict(gate.role_counts).get(ctx.role, gate.count))
     return max(0, min(ctx.job.warm_spares, top - ctx.job.desired))
 
 
