@@ -90,6 +90,20 @@ def role_steps(follower: LogFollower, role: str) -> list[Line]:
     return [s for s in follower.lines("step") if s.pod.startswith(f"duo-{role}-")]
 
 
+def two_of_each_training(follower: LogFollower) -> tuple[int, int]:
+    """Wait until two trainers and two readers train; the trainers' and readers' rounds."""
+    wait_for(
+        lambda: (
+            any(s.world == 2 for s in role_steps(follower, "trainer"))
+            and any(s.world == 2 for s in role_steps(follower, "reader"))
+        ),
+        240,
+        "trainers and readers training, two of each",
+    )
+    trainer_round = max(s.round for s in role_steps(follower, "trainer"))
+    return trainer_round, max(s.round for s in role_steps(follower, "reader"))
+
+
 def test_a_reader_killed_re_forms_the_readers_only_and_scale_adds_a_reader(
     cluster: Cluster,
     namespace: str,
@@ -105,16 +119,7 @@ def test_a_reader_killed_re_forms_the_readers_only_and_scale_adds_a_reader(
         "duo", role_entry("trainer", trainer), readers, scaleRole="reader", replicas=2
     )
     apply(cluster, namespace, manifest)
-    wait_for(
-        lambda: (
-            any(s.world == 2 for s in role_steps(follower, "trainer"))
-            and any(s.world == 2 for s in role_steps(follower, "reader"))
-        ),
-        240,
-        "trainers and readers training, two of each",
-    )
-    trainer_round = max(s.round for s in role_steps(follower, "trainer"))
-    reader_round = max(s.round for s in role_steps(follower, "reader"))
+    trainer_round, reader_round = two_of_each_training(follower)
 
     pids = sigkill_pod_processes(namespace, "duo-reader-1")
     assert pids and wait_gone(pids), "the reader's agent and worker still alive"
@@ -171,16 +176,7 @@ def test_a_frozen_reader_is_fenced_and_replaced_while_the_trainers_train_on(
                          steps=100000)  # fmt: skip
     manifest = roles_manifest("duo", role_entry("trainer", trainer), role_entry("reader", reader))
     apply(cluster, namespace, manifest)
-    wait_for(
-        lambda: (
-            any(s.world == 2 for s in role_steps(follower, "trainer"))
-            and any(s.world == 2 for s in role_steps(follower, "reader"))
-        ),
-        240,
-        "trainers and readers training, two of each",
-    )
-    trainer_round = max(s.round for s in role_steps(follower, "trainer"))
-    reader_round = max(s.round for s in role_steps(follower, "reader"))
+    trainer_round, reader_round = two_of_each_training(follower)
     old_uid = uid_of(cluster, namespace, "duo-reader-1")
     frozen = faults.freeze_pod(cluster.layout.pods, namespace, "duo-reader-1")
     try:
