@@ -235,6 +235,22 @@ def lines_of(follower: LogFollower, kind: str, role: str) -> list[Line]:
     return [s for s in follower.lines(kind) if s.pod.startswith(f"joint-{role}-")]
 
 
+def trainer_events(cluster: Cluster, namespace: str) -> set[str]:
+    """Reasons of the joint job's Events that replaced joint-trainer-1 (PodFailed, FencedPod)."""
+
+    def seen() -> set[str]:
+        return {
+            str(e["reason"])
+            for e in job_events(cluster, namespace, "joint")
+            if e.get("reason") in ("PodFailed", "FencedPod")
+            and "joint-trainer-1" in str(e.get("message"))
+        }
+
+    # The operator posts a pass's Events just after the status write that carries them.
+    wait_for(lambda: bool(seen()), 30, "a PodFailed or FencedPod Event for joint-trainer-1")
+    return seen()
+
+
 def test_a_joint_job_re_forms_every_role_resumes_from_the_server_s_checkpoint_and_completes(
     cluster: Cluster,
     namespace: str,
@@ -301,7 +317,12 @@ def test_a_joint_job_re_forms_every_role_resumes_from_the_server_s_checkpoint_an
     status = get_job(cluster, namespace, "joint")["status"]
     succeeded = next(c for c in status["conditions"] if c["type"] == "Succeeded")
     assert "all 3 member(s) of rendezvous round" in succeeded["message"], succeeded
-    assert status["failures"] == 2, status
+    # The operator either saw the trainer's pod end (PodFailed, counted) or, first, the
+    # server's report of its member lost with no agent answering (FencedPod, not counted):
+    # which one is a race the test does not control, so the count follows the Event.
+    trainer_seen = trainer_events(cluster, namespace)
+    assert trainer_seen, "no PodFailed or FencedPod Event for joint-trainer-1"
+    assert status["failures"] == 1 + ("PodFailed" in trainer_seen), (trainer_seen, status)
     assert status["lastFailure"]["pod"] == "joint-trainer-1", status["lastFailure"]
     assert [r["name"] for r in status["roles"]] == ["trainer", "ps"]
     last = [s for s in lines_of(follower, "step", "trainer") if s.step == steps]

@@ -143,7 +143,16 @@ def test_namespaced_install_never_touches_other_namespaces(
 def test_two_replicas_run_active_standby_and_fail_over(
     cluster: Cluster, release: Release, make_namespace: Callable[[], str]
 ) -> None:
-    notes = release.install({"replicaCount": 2, "operator": {**TEST_OPERATOR, "watchNodes": False}})
+    # A Lease lasting a minute: a holder starved for 15 s on a loaded machine must not hand
+    # over mid-test (a fresh-clone CI saw the standby take over during the first job). The
+    # failover below does not wait it out: the killed holder releases the Lease as it stops.
+    notes = release.install(
+        {
+            "replicaCount": 2,
+            "operator": {**TEST_OPERATOR, "watchNodes": False},
+            "leaderElection": {"leaseDurationSeconds": 60, "renewDeadlineSeconds": 40},
+        }
+    )
     assert f"kubectl get lease -n {release.namespace} {release.fullname}" in notes
     pods = release.wait_running(2)
     jobs = make_namespace()
@@ -156,6 +165,8 @@ def test_two_replicas_run_active_standby_and_fail_over(
     wait_for(lambda: held in release.log(standby), 30, "the standby seeing the leader")
     apply_job(cluster, jobs, hello_job(cluster, "first"))
     wait_succeeded(cluster, jobs, "first")
+    assert release.lease()["holderIdentity"] == active, release.lease()
+    assert release.lease()["leaseTransitions"] == transitions, release.lease()
     assert "operator is now active" not in release.log(standby)
 
     # Kill the active replica: it releases the Lease as it stops, another replica (the
