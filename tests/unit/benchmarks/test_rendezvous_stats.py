@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._rdzv_roles import paired, ratio
+from benchmarks._rdzv_roles import load_line, paired, ratio
 from benchmarks._rdzv_stats import (
     MemberResult,
     TrialOutcome,
@@ -139,3 +139,20 @@ def test_the_paired_ratio_compares_trials_run_back_to_back() -> None:
     assert paired(one, split) == pytest.approx(1.0)
     assert ratio(one, split) == pytest.approx(0.55 / 1.0)
     assert paired([t(None)], [t(0.1)]) is None
+
+
+@pytest.mark.parametrize(
+    ("before", "says"),
+    [
+        (0.0, "The machine was otherwise idle when the run started."),
+        (0.5 * (os.cpu_count() or 1) + 0.1, "Other work shared the machine"),
+    ],
+)
+def test_the_load_line_says_shared_only_when_the_machine_was_busy_before(
+    before: float, says: str
+) -> None:
+    # The run's own agents push the load after it up: only the load before decides.
+    line = load_line((before, 1.0, 1.0), (40.0, 20.0, 10.0))
+    assert says in line
+    other = "Other work shared" if "idle" in says else "otherwise idle"
+    assert other not in line
