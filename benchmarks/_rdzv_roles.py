@@ -122,10 +122,9 @@ Load. {load}
 
 
 def load_line(before: tuple[float, float, float], after: tuple[float, float, float]) -> str:
-    """The load averages around the run, and whether other work shared the machine: judged
-    on the 1-minute load before the run (the run's own agents raise the one after it)."""
+    """The load averages around the run, and whether other work shared the machine
+    (``report.shared_before``)."""
     cores = os.cpu_count() or 1
-    shared = before[0] > 0.5 * cores
     return (
         f"load average (1, 5, 15 min) {before[0]:.1f}, {before[1]:.1f}, {before[2]:.1f} "
         f"before the run and {after[0]:.1f}, {after[1]:.1f}, {after[2]:.1f} after, on "
@@ -133,8 +132,8 @@ def load_line(before: tuple[float, float, float], after: tuple[float, float, flo
         + (
             "Other work shared the machine: figures from a loaded machine, compare the "
             "columns within a row rather than with the main table."
-            if shared
-            else "The machine was otherwise idle when the run started."
+            if report.shared_before(before[0])
+            else report.IDLE_NOTE
         )
     )
 

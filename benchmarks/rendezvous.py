@@ -346,14 +346,13 @@ so a lookup fails at once and nothing leaves the machine.
 def load_note(before: float, after: float) -> str:
     """The machine's 1-minute load average around the run, and what it means here."""
     cores = os.cpu_count() or 1
-    shared = before > 0.5 * cores
     return (
         f"1-minute load average {before:.1f} before the run and {after:.1f} after "
         f"({cores} cores). "
         + (
             "Other work shared the machine while this ran: figures taken on a loaded machine."
-            if shared
-            else "The machine was otherwise idle when the run started."
+            if report.shared_before(before)
+            else report.IDLE_NOTE
         )
     )
 

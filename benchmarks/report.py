@@ -109,6 +109,15 @@ def _git_rev() -> str:
     return out.stdout.strip() or "unknown"
 
 
+IDLE_NOTE: Final = "The machine was otherwise idle when the run started."
+
+
+def shared_before(load_1min: float) -> bool:
+    """Whether other work shared the machine, judged on the 1-minute load average taken
+    before the run (a run's own processes raise the one after it)."""
+    return load_1min > 0.5 * (os.cpu_count() or 1)
+
+
 def machine_line() -> str:
     """One line naming the machine and the versions that matter."""
     return (
