@@ -45,7 +45,7 @@ from typing import Any
 from benchmarks._autoscaler_phases import PHASES, log_marks, object_marks, phases, since_ready
 from benchmarks._autoscaler_trace import Recorder
 from benchmarks.cli import BenchCli, positive_int
-from benchmarks.report import markdown_table, summarize
+from benchmarks.report import load_note, markdown_table, summarize
 from e2e.autoscaler import autoscaler
 from e2e.autoscaler.cloud import TestCloud
 from e2e.autoscaler.groups import GROUP_LABEL, Groups, GroupSpec
@@ -204,7 +204,7 @@ def _table(trials: list[Trial], result: dict[str, Any], names: tuple[str, ...]) 
     return markdown_table(["run", *(f"{p} (s)" for p in names)], rows)
 
 
-def markdown(trials: list[Trial], result: dict[str, Any], max_backoff_s: int) -> str:
+def markdown(trials: list[Trial], result: dict[str, Any], max_backoff_s: int, load: str) -> str:
     problems = "\n".join(f"- {p}" for p in result["problems"])
     return (
         "From worker 1 first seen Pending (unschedulable) to the first step at world size 2,\n"
@@ -213,8 +213,7 @@ def markdown(trials: list[Trial], result: dict[str, Any], max_backoff_s: int) ->
         "and torch workers (CPU, gloo), the job's workers in a gang (PodGroup, minCount 1).\n"
         f"kube-scheduler: podMaxBackoffSeconds {max_backoff_s}"
         f"{' (the default)' if max_backoff_s == 10 else ''}.\n"
-        f"1-minute load average at the end of the run: {os.getloadavg()[0]:.1f} on "
-        f"{os.cpu_count()} cores (other work shared the machine when it is above 2).\n\n"
+        f"{load}\n\n"
         + _table(trials, result, MAIN)
         + "\n\nThe join (Node Ready to the first step at world size 2), phase by phase:\n"
         "scheduling = Node Ready -> the pod bound (the scheduler's next try of the gang);\n"
@@ -240,9 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     bench = cli.parse(argv)
     max_backoff_s = int(bench.args.scheduler_max_backoff)
+    load_before = os.getloadavg()[0]
     trials = run(bench.reps(3), max_backoff_s)
     result = summary(trials)
-    text = markdown(trials, result, max_backoff_s)
+    text = markdown(trials, result, max_backoff_s, load_note(load_before, os.getloadavg()[0]))
     bench.write_section(
         "autoscaler",
         "Autoscaler: Pending pod to training at the larger size (local control plane)",

@@ -343,20 +343,6 @@ so a lookup fails at once and nothing leaves the machine.
 """
 
 
-def load_note(before: float, after: float) -> str:
-    """The machine's 1-minute load average around the run, and what it means here."""
-    cores = os.cpu_count() or 1
-    return (
-        f"1-minute load average {before:.1f} before the run and {after:.1f} after "
-        f"({cores} cores). "
-        + (
-            "Other work shared the machine while this ran: figures taken on a loaded machine."
-            if report.shared_before(before)
-            else report.IDLE_NOTE
-        )
-    )
-
-
 def _v2_status(client_port: int) -> str:
     """HTTP status of etcd's v2 keys API on the running etcd (loopback)."""
     import urllib.error
@@ -466,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         print(f"[rendezvous] measured in {time.monotonic() - t0:.0f} s", flush=True)
         note = _etcd_v2_note(etcd, client)
-        load = load_note(load_before, os.getloadavg()[0])
+        load = report.load_note(load_before, os.getloadavg()[0])
         resolver = _resolver_note(loopback_resolver(store_cmd, work) != store_cmd)
         text = body(results, sizes, reps, args.procs, note, load=load, store_cpu=store_cpu,
                     resolver=resolver)  # fmt: skip

@@ -118,6 +118,20 @@ def shared_before(load_1min: float) -> bool:
     return load_1min > 0.5 * (os.cpu_count() or 1)
 
 
+def load_note(before: float, after: float) -> str:
+    """The machine's 1-minute load average around the run, and what it means here."""
+    cores = os.cpu_count() or 1
+    return (
+        f"1-minute load average {before:.1f} before the run and {after:.1f} after "
+        f"({cores} cores). "
+        + (
+            "Other work shared the machine while this ran: figures taken on a loaded machine."
+            if shared_before(before)
+            else IDLE_NOTE
+        )
+    )
+
+
 def machine_line() -> str:
     """One line naming the machine and the versions that matter."""
     return (

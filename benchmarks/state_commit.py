@@ -42,7 +42,7 @@ from pathlib import Path
 
 from benchmarks import _commit_report as rep
 from benchmarks.cli import BenchCli, positive_float, positive_int
-from benchmarks.rendezvous import load_note
+from benchmarks.report import load_note
 from e2e.localproc import free_port
 from torchflex_agent.fence import Lease
 from torchflex_agent.memstate.logic.shards import PEER
