@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks._scale_procs import REPO, start_logged
+from benchmarks._scale_procs import start_logged
 from benchmarks._scale_report import Config, SizeResult, as_json, body, fmt_ms, fmt_s, plot
 from benchmarks._scale_stats import (
     count_by,
@@ -46,6 +46,7 @@ from e2e.cluster.layout import KWOK_TAINT_KEY
 from e2e.localproc import free_port, stop_process
 from e2e.operator_proc import OperatorProcess
 from e2e.polling import poll_until
+from e2e.workload import apply_crd
 from torchflex_contract import labels
 from torchflex_operator.model.vocabulary import Phase
 
@@ -313,10 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     # stop the operator and the proxy we started, and delete the namespace.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     cluster = ensure_up()
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/elasticjobs.torchflex.io", "--timeout=60s"
-    )
+    apply_crd(cluster)
     t = time.monotonic()
     ensure_kwok_nodes(cluster, cfg.nodes, 300)
     print(f"[operator_scale] {cfg.nodes} kwok nodes Ready in {time.monotonic() - t:.0f} s")

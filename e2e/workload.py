@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from e2e.cluster import Cluster
+from e2e.cluster.crds import wait_established
 from torchflex_contract import labels
 
 CKPT_MOUNT = "/ckpt"
@@ -155,8 +156,9 @@ def roles_manifest(name: str, *roles: dict[str, Any], **spec: Any) -> dict[str, 
 def apply_crd(cluster: Cluster) -> None:
     crds = Path(__file__).resolve().parents[1] / "crds"
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/elasticjobs.torchflex.io", "--timeout=60s"
+    wait_established(
+        lambda argv: cluster.kubectl(*argv, check=False, timeout=30),
+        [f"{labels.PLURAL}.{labels.GROUP}"],
     )
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from e2e.cluster import processes
+from e2e.cluster.crds import names_in, wait_established
 from e2e.cluster.layout import Layout
 from e2e.localproc import free_port
 from e2e.toolchain.versions import KUEUE_VERSION
@@ -105,8 +106,10 @@ def _serving_cert(cert_dir: Path) -> None:
     )  # fmt: skip
 
 
-def _kubectl(lay: Layout, *args: str, stdin: str | None = None) -> None:
-    out = subprocess.run(
+def _run_kubectl(
+    lay: Layout, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         ["kubectl", f"--kubeconfig={lay.root / 'admin.kubeconfig'}", *args],
         input=stdin,
         capture_output=True,
@@ -114,6 +117,10 @@ def _kubectl(lay: Layout, *args: str, stdin: str | None = None) -> None:
         timeout=120,
         check=False,
     )
+
+
+def _kubectl(lay: Layout, *args: str, stdin: str | None = None) -> None:
+    out = _run_kubectl(lay, *args, stdin=stdin)
     if out.returncode != 0:
         raise KueueError(f"kubectl {' '.join(args[:2])} failed: {out.stderr.strip()[-2000:]}")
 
@@ -125,7 +132,10 @@ def install_crds(lay: Layout, bin_dir: Path) -> None:
     if not folder.is_dir():
         raise KueueError(f"{folder} is missing: run e2e/toolchain/build.sh kueue")
     _kubectl(lay, "apply", "--server-side", "--force-conflicts", "-f", str(folder))
-    _kubectl(lay, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(folder))
+    names = names_in(
+        d for f in sorted(folder.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
+    )
+    wait_established(lambda argv: _run_kubectl(lay, *argv), names)
     _kubectl(lay, "apply", "-f", "-", stdin=yaml.safe_dump(
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     ))  # fmt: skip

@@ -16,6 +16,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from e2e.cluster import Cluster
+from e2e.workload import apply_crd
 from torchflex_operator.kube import Kube
 from torchflex_operator.model.settings import Settings
 from torchflex_operator.runtime.agent_status import StatusPoller
@@ -39,10 +40,7 @@ TEST_SETTINGS = Settings(
 
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/elasticjobs.torchflex.io", "--timeout=60s"
-    )
+    apply_crd(cluster)
 
 
 @contextlib.contextmanager
