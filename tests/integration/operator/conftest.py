@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from kopf.testing import KopfRunner
@@ -23,8 +22,6 @@ from torchflex_operator.runtime.agent_status import StatusPoller
 from torchflex_operator.runtime.handlers import register
 from torchflex_operator.runtime.metrics import Metrics
 from torchflex_operator.runtime.reconcile import Reconciler
-
-REPO = Path(__file__).resolve().parents[3]
 
 # Pods on the process node run their command for real. ``env --`` stands in
 # for ``torchflex-agent --`` so these tests exercise the operator alone (the
