@@ -119,6 +119,13 @@ class Job:
     def pod(self, index: int) -> dict[str, Any]:
         return self.cluster.get_json("pod", labels.worker_pod_name(JOB, index), "-n", self.ns)
 
+    def uid(self, index: int) -> str | None:
+        """The pod's UID; None while there is no such pod (deleted, its replacement not
+        created yet: a wait for the replacement must read that as "not yet")."""
+        name = labels.worker_pod_name(JOB, index)
+        out = self.kubectl("get", "pod", name, "-o", "jsonpath={.metadata.uid}", check=False)
+        return (out.stdout.strip() or None) if out.returncode == 0 else None
+
     def lines(self, index: int) -> list[Line]:
         name = labels.worker_pod_name(JOB, index)
         out = self.kubectl("logs", name, check=False)
@@ -287,7 +294,7 @@ def test_an_elasticjob_of_agent_image_pods_trains_through_kill_scale_and_evictio
     _container_kill(real_node, victim)
     job.wait_world(2, before, 240)
     wait_for(
-        lambda: job.pod(2)["metadata"]["uid"] != victim["metadata"]["uid"],
+        lambda: job.uid(2) not in (None, victim["metadata"]["uid"]),
         120,
         "worker 2 replaced by a new pod",
         interval_s=1.0,
