@@ -26,6 +26,7 @@ import pytest
 
 from e2e import throttle
 from e2e.kubelet.records import process_tree
+from e2e.localproc import LineLog
 from tests.integration.agent.tfagent_helpers import PYTHON, Job
 from tests.support import wait_for
 from torchflex_agent.loop.node import free_port
@@ -194,6 +195,21 @@ def test_a_node_under_a_cpu_quota_is_named_a_straggler(tmp_path: Path) -> None:
         assert "straggler: node rank" in text
 
 
+def start_good_node(job: Job, flags: list[str]) -> LineLog:
+    """An agent whose node check passes. Its matmul is compared with its peer's, timed a
+    moment before on this shared 2-core machine: a load burst between the two (6x seen
+    beside other tests) can make a good node "too slow" (exit 79). That is the rule
+    working (table-tested in ``tests/unit/agent/test_agent_stalls.py``), not what this
+    test is about, so such a node is started again, up to 3 times."""
+    for _ in range(3):
+        log = job.start_agent([PYTHON, SCRIPT], "2:3", flags)
+        _, line = log.wait_for(lambda s: "node check passed" in s or "too slow" in s, 120)
+        if "node check passed" in line:
+            return log
+        assert log.proc.wait(60) == 79, log.text()[-2000:]
+    raise AssertionError(f"a good node judged too slow 3 times: {log.text()[-2000:]}")
+
+
 @pytest.mark.timeout(300)
 def test_node_check_passes_good_nodes_and_keeps_a_broken_one_out(tmp_path: Path) -> None:
     """``--node-check on``: two agents time their matmul and pass (the first with no peer
@@ -209,13 +225,13 @@ def test_node_check_passes_good_nodes_and_keeps_a_broken_one_out(tmp_path: Path)
         job.start_store()
         good = []
         for _ in range(2):  # one after the other: two checks at once both see no peer
-            good.append(job.start_agent([PYTHON, SCRIPT], "2:3", flags))
-            good[-1].wait_for(lambda s: "node check passed" in s, 120)
+            good.append(start_good_node(job, flags))
         assert "no peer to compare with yet" in good[0].text(), good[0].text()[-2000:]
         assert "against a median of" in good[1].text(), good[1].text()[-2000:]
+        bad_index = len(job.agents)
         bad = job.start_agent([str(broken / "bin" / "python"), SCRIPT], "2:3", flags)
         assert bad.proc.wait(120) == 79, bad.text()[-3000:]
-        report = job.termination_report(2)
+        report = job.termination_report(bad_index)
         assert "node check failed to run" in report.message, report
         assert "No module named 'torch'" in report.message, report
         assert "joining the rendezvous" not in bad.text()
