@@ -60,13 +60,14 @@ def not_established(kubectl: Kubectl, names: Sequence[str]) -> list[str]:
 def wait_established(kubectl: Kubectl, names: Sequence[str], timeout_s: float = 60.0) -> None:
     """Return once every named CRD is Established; raise ``CrdNotEstablishedError`` naming
     the ones that are not after ``timeout_s``."""
-    last: list[list[str]] = [list(names)]
+    pending = list(names)
 
     def done() -> bool:
-        last[0] = not_established(kubectl, names)
-        return not last[0]
+        nonlocal pending
+        pending = not_established(kubectl, names)
+        return not pending
 
     if not poll_until(done, timeout_s, 0.2):
         raise CrdNotEstablishedError(
-            f"CRD(s) not Established within {timeout_s:.0f} s: {', '.join(last[0])}"
+            f"CRD(s) not Established within {timeout_s:.0f} s: {', '.join(pending)}"
         )

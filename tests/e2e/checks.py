@@ -197,12 +197,17 @@ def event_reasons(cluster: Cluster, ns: str, name: str) -> list[str]:
     return [str(e.get("reason")) for e in job_events(cluster, ns, name)]
 
 
-def wait_event(cluster: Cluster, ns: str, name: str, reason: str, timeout_s: float = 30) -> None:
-    """Wait until the job has an Event of ``reason``. The operator posts a pass's
-    Events after the status write that carries them, so a phase or a world size
-    seen in status or logs can come a moment before its Event."""
+def wait_event(
+    cluster: Cluster, ns: str, name: str, reason: str | tuple[str, ...], timeout_s: float = 30
+) -> None:
+    """Wait until the job has an Event of ``reason`` (or of any of several). The operator
+    posts a pass's Events after the status write that carries them, so a phase or a world
+    size seen in status or logs can come a moment before its Event."""
+    wanted = {reason} if isinstance(reason, str) else set(reason)
     wait_for(
-        lambda: reason in event_reasons(cluster, ns, name), timeout_s, f"a {reason} Event on {name}"
+        lambda: wanted & set(event_reasons(cluster, ns, name)),
+        timeout_s,
+        f"a {' or '.join(sorted(wanted))} Event on {name}",
     )
 
 

@@ -27,7 +27,6 @@ from tests.e2e.checks import (
     assert_progress_sound,
     checkpoint_step,
     current_round,
-    event_reasons,
     start_etcd_pod,
     uid_of,
     wait_event,
@@ -85,11 +84,7 @@ def test_sigkilled_agent_survivors_reform_and_group_grows_back(
     # report of the pod failed (ReplacedPod) or a survivor's report of the member lost
     # while its agent does not answer (FencedPod, the freeze path: it cannot tell the
     # two apart); under load either wins (FencedPod seen in 1 of 20 runs beside CI).
-    wait_for(
-        lambda: {"ReplacedPod", "FencedPod"} & set(event_reasons(cluster, namespace, "kill")),
-        30,
-        "a ReplacedPod or FencedPod Event on kill",
-    )
+    wait_event(cluster, namespace, "kill", ("ReplacedPod", "FencedPod"))
 
 
 def test_store_pod_killed_is_recreated_and_training_resumes(
